@@ -1,0 +1,37 @@
+"""rubric_jax: a pure-JAX framework for rubric-based reinforcement learning of LLMs."""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="rubric_jax",
+    version="0.1.0",
+    description="Pure-JAX reference framework for rubric-based RL of LLMs (SRaR, RLCER, EvoRubric, RGR-GRPO, rubric-grounded GRPO)",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=find_packages(include=["rubric_jax", "rubric_jax.*"]),
+    install_requires=[
+        "jax>=0.5.0",
+        "flax>=0.10.4",
+        "optax>=0.2.4",
+        "orbax-checkpoint>=0.11.0",
+        "chex>=0.1.89",
+        # transformers is used for tokenizers and configs only; it does not pull torch.
+        "transformers>=4.51.0",
+        "tensorstore>=0.1.71",
+        "numpy>=1.26",
+    ],
+    extras_require={
+        "test": [
+            "pytest>=8.0",
+            "pytest-xdist>=3.5",
+            "hypothesis>=6.100",
+            "nbclient>=0.10",
+            "nbformat>=5.10",
+            "ipykernel>=6.29",
+            "matplotlib>=3.8",
+        ],
+        # GPU/TPU hosts only: sglang pulls a CUDA build of torch.
+        "sglang": ["sglang>=0.5.23"],
+    },
+)

@@ -1,0 +1,94 @@
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from rubric_jax.core import segments
+from tests.core.random_batches import random_group_ids, random_rewards
+
+NUM_ROWS = 14
+segment_stats = jax.jit(segments.segment_stats, static_argnames=("num_segments", "ddof"))
+loo_stats = jax.jit(segments.leave_one_out_stats, static_argnames=("ddof",))
+
+
+def loop_stats(values, ids, mask, ddof, leave_out):
+    """Per row: count, mean and std of the valid rows sharing its id (excluding itself when leave_out)."""
+    out = []
+    for i in range(len(values)):
+        members = [float(values[j]) for j in range(len(values)) if ids[j] == ids[i] and mask[j] and not (leave_out and j == i)]
+        mean = sum(members) / len(members) if members else 0.0
+        std = (sum((m - mean) ** 2 for m in members) / (len(members) - ddof)) ** 0.5 if len(members) > ddof else 0.0
+        out.append((len(members), mean, std))
+    return [np.array(column) for column in zip(*out)]
+
+
+def test_dense_segment_ids_keep_equality_only():
+    ids = jnp.array([907, 3, 907, -5, 3, 12])
+    dense = np.asarray(jax.jit(segments.dense_segment_ids)(ids))
+    assert dense.min() >= 0 and dense.max() < ids.shape[0]
+    for i in range(6):
+        for j in range(6):
+            assert (dense[i] == dense[j]) == (ids[i] == ids[j])
+
+
+@pytest.mark.parametrize("ddof", [0, 1])
+@pytest.mark.parametrize("seed", range(25))
+def test_segment_and_leave_one_out_stats_match_loops(seed, ddof):
+    rng = np.random.default_rng(seed)
+    values = random_rewards(rng, NUM_ROWS)
+    ids = random_group_ids(rng, NUM_ROWS)
+    mask = rng.random(NUM_ROWS) < 0.8
+    dense = segments.dense_segment_ids(jnp.asarray(ids))
+    for stats, leave_out in ((segment_stats(values, dense, mask, num_segments=NUM_ROWS, ddof=ddof), False),
+                             (loo_stats(values, ids, mask, ddof=ddof), True)):
+        count, mean, std = loop_stats(values, ids, mask, ddof, leave_out)
+        np.testing.assert_array_equal(stats.count, count)
+        has = count > 0
+        np.testing.assert_allclose(np.asarray(stats.mean)[has], mean[has], rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(stats.std, std, rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(np.asarray(stats.deviation)[has], (values.astype(np.float64) - mean)[has], rtol=1e-5, atol=1e-9)
+
+
+@given(st.lists(st.floats(-1e3, 1e3, width=32), min_size=2, max_size=NUM_ROWS), st.integers(0, 2**31 - 1))
+def test_ties_give_exactly_zero_spread(pool, seed):
+    """Whatever the values, a segment (or a row's other members) that ties has std and deviation exactly 0."""
+    rng = np.random.default_rng(seed)
+    ids = random_group_ids(rng, NUM_ROWS)
+    values = np.empty(NUM_ROWS, np.float32)
+    for g in np.unique(ids):
+        values[ids == g] = pool[int(rng.integers(len(pool)))]
+    outlier = int(rng.integers(NUM_ROWS))
+    values[outlier] = pool[-1]
+    mask = np.ones(NUM_ROWS, bool)
+    stats = segment_stats(values, segments.dense_segment_ids(jnp.asarray(ids)), mask, num_segments=NUM_ROWS, ddof=1)
+    others = loo_stats(values, ids, mask, ddof=1)
+    for i in range(NUM_ROWS):
+        group = values[ids == ids[i]]
+        if np.all(group == group[0]):
+            assert stats.std[i] == 0 and stats.deviation[i] == 0
+        rest = values[(ids == ids[i]) & (np.arange(NUM_ROWS) != i)]
+        if rest.size and np.all(rest == rest[0]):
+            assert others.std[i] == 0
+            np.testing.assert_allclose(others.deviation[i], np.float64(values[i]) - rest[0], rtol=1e-6, atol=1e-30)
+
+
+def test_stats_are_float32_for_bfloat16_values():
+    values = jnp.array([0.5, 0.25, 1.0, 1.0], jnp.bfloat16)
+    ids = jnp.array([0, 0, 1, 1])
+    stats = segment_stats(values, ids, jnp.ones(4, bool), num_segments=4, ddof=0)
+    assert stats.mean.dtype == jnp.float32 and stats.std.dtype == jnp.float32
+    np.testing.assert_allclose(stats.std, [0.125, 0.125, 0, 0])
+
+
+def test_empty_segments_and_fully_masked_batches_are_defined():
+    values = jnp.array([1.0, 2.0, 3.0])
+    none = jnp.zeros(3, bool)
+    stats = segment_stats(values, jnp.array([0, 0, 1]), none, num_segments=3)
+    np.testing.assert_array_equal(stats.count, 0)
+    np.testing.assert_array_equal(stats.std, 0)
+    others = loo_stats(values, jnp.array([0, 0, 1]), none)
+    np.testing.assert_array_equal(others.count, 0)
+    np.testing.assert_array_equal(others.std, 0)
+    assert np.all(np.isfinite(stats.mean)) and np.all(np.isfinite(others.mean))
