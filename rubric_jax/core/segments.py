@@ -39,6 +39,12 @@ def stats_dtype(x: jax.Array) -> jnp.dtype:
     return jnp.promote_types(x.dtype, jnp.float32)
 
 
+def as_stats_dtype(x: jax.Array) -> jax.Array:
+    """x as an array of `stats_dtype(x)`: bool, int and bfloat16 inputs are promoted to float32."""
+    x = jnp.asarray(x)
+    return x.astype(stats_dtype(x))
+
+
 def dense_segment_ids(ids: jax.Array) -> jax.Array:
     """Maps arbitrary integer ids [N] to dense ids in [0, N), equal ids to equal dense ids.
 
@@ -99,7 +105,7 @@ def segment_stats(
     """
     chex.assert_rank(values, 1)
     chex.assert_equal_shape([values, segment_ids, mask])
-    x = values.astype(stats_dtype(values))
+    x = as_stats_dtype(values)
     centre = _segment_centre(x, segment_ids, mask, num_segments)
     shifted = x - centre
     count = segment_count(segment_ids, mask, num_segments)
@@ -161,7 +167,7 @@ def leave_one_out_stats(
     chex.assert_rank(values, 1)
     chex.assert_equal_shape([values, segment_ids, mask])
     dense_ids = dense_segment_ids(segment_ids)
-    x = values.astype(stats_dtype(values))
+    x = as_stats_dtype(values)
     centre = _segment_centre(x, dense_ids, mask, num_segments=x.shape[0])
     shifted = x - centre
     order = jnp.argsort(dense_ids, stable=True)

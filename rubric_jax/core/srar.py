@@ -69,6 +69,17 @@ def srar_item_deltas(
     return jnp.where(carries_delta, delta, 0.0), carries_delta
 
 
+def srar_rubric_total(
+    satisfied_bk: jax.Array,
+    item_type_bk: jax.Array,
+    item_mask_bk: jax.Array,
+    budgets: TypedBudgets = TypedBudgets(),
+) -> jax.Array:
+    """Response-level rubric reward Delta_i = sum of the rollout's eq 3 deltas, [B] (Proposition 20.5 bounds it
+    in [-|R_PIT|, |R_SUG| + |R_BON|]; the merged RaR-style ablation adds it to r_base). Empty rubric -> 0."""
+    return srar_item_deltas(satisfied_bk, item_type_bk, item_mask_bk, budgets)[0].sum(axis=1)
+
+
 def response_step_counts(step_ids_bt: jax.Array, response_mask_bt: jax.Array) -> jax.Array:
     """The last step each response has, [B] (0 for a response without step headers)."""
     chex.assert_equal_shape([step_ids_bt, response_mask_bt])
@@ -202,7 +213,7 @@ def srar_merged_advantages(
     """
     valid = jnp.ones(base_rewards.shape, bool) if mask is None else mask.astype(bool)
     delta_bk, carries_delta_bk = srar_item_deltas(satisfied_bk, item_type_bk, item_mask_bk, budgets)
-    merged = base_rewards.astype(jnp.float32) + delta_bk.sum(axis=1)
+    merged = base_rewards.astype(jnp.float32) + delta_bk.sum(axis=1)  # r_base + srar_rubric_total
     advantage = grpo_advantages(merged, group_ids, valid, std_ddof=std_ddof, eps=eps)
     present_bs = srar_step_rewards(
         delta_bk, carries_delta_bk, item_step_bk, response_step_counts(step_ids_bt, response_mask_bt),

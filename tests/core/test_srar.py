@@ -52,6 +52,18 @@ def test_item_deltas_eq3_hand_computed():
     np.testing.assert_array_equal(carries, [[1, 1, 0, 0, 0], [1, 0, 1, 0, 0], [0, 1, 0, 1, 0]])
 
 
+def test_rubric_total_hand_computed():
+    item_type = np.array([[SUGGEST, SUGGEST, PITFALL, BONUS, ANSWER]] * 3, np.int32)
+    satisfied = np.array([[1, 1, 0, 0, 1], [1, 0, 1, 0, 0], [0, 0, 0, 0, 1]], bool)
+    total = jax.jit(srar.srar_rubric_total)(satisfied, item_type, np.ones_like(satisfied))
+    np.testing.assert_allclose(total, [0.8, 0.4 - 1.0, 0.0], rtol=1e-6)
+    # budgets are static pytrees: passed as an ordinary argument under jit, and eq 3 fixes the signs (-|R_PIT|)
+    budgets = TypedBudgets(0.5, 2.0, 1.0)
+    assert jax.tree_util.tree_leaves(budgets) == []
+    custom = jax.jit(srar.srar_rubric_total)(satisfied, item_type, np.ones_like(satisfied), budgets)
+    np.testing.assert_allclose(custom, [0.5, 0.25 - 2.0, 0.0], rtol=1e-6)
+
+
 def test_step_rewards_and_normalisation_eq4_hand_computed():
     _, satisfied, item_type, item_step, step_ids, response_mask = hand_case()
     delta, carries = srar.srar_item_deltas(satisfied, item_type, np.ones_like(satisfied))
@@ -220,8 +232,7 @@ def test_prop_20_6_step_signals_have_unit_population_variance(batch):
 @given(judged_group(), st.floats(0.05, 3), st.floats(-3, -0.05), st.floats(0.05, 3))
 def test_prop_20_5_total_raw_rubric_reward_is_bounded_by_the_budgets(batch, r_sug, r_pit, r_bon):
     budgets = TypedBudgets(suggest=r_sug, pitfall=r_pit, bonus=r_bon)
-    delta, _ = srar.srar_item_deltas(batch.satisfied, batch.item_type, batch.item_mask, budgets)
-    total = np.asarray(delta, np.float64).sum(axis=1)
+    total = np.asarray(srar.srar_rubric_total(batch.satisfied, batch.item_type, batch.item_mask, budgets), np.float64)
     assert np.all(total >= r_pit - 1e-5) and np.all(total <= r_sug + r_bon + 1e-5)
 
 

@@ -1,0 +1,93 @@
+"""Loss aggregation: per-token losses [B, T] -> a (loss_sum, denominator) pair, loss = loss_sum / denominator.
+
+Returning the pair instead of the ratio is what makes gradient accumulation and data parallelism exact:
+sum the pairs of all micro-batches and shards (`jax.tree.map(jnp.add, a, b)`, or `jax.lax.psum` of the
+pair), then `finalize` once. The denominators depend only on the mask, never on parameters, so the
+gradient of the full-batch loss is (sum of the gradients of the loss_sums) / (sum of the denominators).
+
+Conventions shared by every mode (verl's names):
+- Numerator and denominator use the same mask: a masked token adds nothing to either, whatever its value
+  (NaN padding included). A row is a valid sequence iff it has at least one valid token; fully masked rows
+  are excluded from every sequence count, so padding a batch with masked rows changes nothing.
+- An all-masked batch gives (0, 0), and `finalize(0, 0)` is 0, not NaN.
+- Micro-batches and shards split the batch by rows, never along T (a sequence's token mean needs its whole row).
+- Sums run in float32 (bfloat16 losses are promoted); the denominators are float32 counts, exact while
+  they stay below 2^24 (16.7M tokens), so accumulation differs from the full batch only by summation order.
+"""
+
+from typing import NamedTuple
+
+import chex
+import jax
+import jax.numpy as jnp
+
+from rubric_jax.core.segments import stats_dtype
+
+
+class LossTerms(NamedTuple):
+    """A loss as numerator and denominator (scalars); a pytree, so tree-map addition and psum accumulate it."""
+
+    loss_sum: jax.Array
+    denominator: jax.Array
+
+
+def _row_sums(loss_bt: jax.Array, mask_bt: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Per-row masked sum [B] and valid-token count [B], both in the loss's compute dtype."""
+    chex.assert_rank([loss_bt, mask_bt], 2)
+    chex.assert_equal_shape([loss_bt, mask_bt])
+    dtype = stats_dtype(loss_bt)
+    mask_bt = mask_bt.astype(bool)
+    sums_b = jnp.sum(jnp.where(mask_bt, loss_bt.astype(dtype), 0), axis=-1)
+    return sums_b, jnp.sum(mask_bt, axis=-1).astype(dtype)
+
+
+def token_mean(loss_bt: jax.Array, mask_bt: jax.Array) -> LossTerms:
+    """token-mean (DAPO, verl's default): (sum of valid token losses, number of valid tokens).
+
+    Every valid token of the global batch weighs the same, so long sequences weigh more in total.
+    """
+    sums_b, counts_b = _row_sums(loss_bt, mask_bt)
+    return LossTerms(jnp.sum(sums_b), jnp.sum(counts_b))
+
+
+def seq_mean_token_mean(loss_bt: jax.Array, mask_bt: jax.Array) -> LossTerms:
+    """seq-mean-token-mean (the GRPO paper's 1/G sum_i 1/|o_i| sum_t; GSPO's aggregation):
+    (sum over valid sequences of each sequence's token mean, number of valid sequences).
+    """
+    sums_b, counts_b = _row_sums(loss_bt, mask_bt)
+    valid_b = counts_b > 0
+    means_b = jnp.where(valid_b, sums_b / jnp.maximum(counts_b, 1), 0)
+    return LossTerms(jnp.sum(means_b), jnp.sum(valid_b).astype(sums_b.dtype))
+
+
+def seq_mean_token_sum(loss_bt: jax.Array, mask_bt: jax.Array) -> LossTerms:
+    """seq-mean-token-sum: (sum over valid sequences of each sequence's token sum, number of valid sequences)."""
+    sums_b, counts_b = _row_sums(loss_bt, mask_bt)
+    return LossTerms(jnp.sum(sums_b), jnp.sum(counts_b > 0).astype(sums_b.dtype))
+
+
+def seq_mean_token_sum_norm(loss_bt: jax.Array, mask_bt: jax.Array, *, norm_constant: float) -> LossTerms:
+    """seq-mean-token-sum-norm, Dr.GRPO's constant normaliser (Liu et al. 2025, "Understanding R1-Zero-like
+    training"; verl's mode): (sum of valid token losses, number of valid sequences * norm_constant).
+
+    norm_constant (a static number > 0, e.g. the maximum response length) replaces each sequence's length,
+    so no sequence is up- or down-weighted by its length. Sequences are counted as in the other sequence
+    modes: rows with at least one valid token. verl counts every row of its batch, and its batches have no
+    padding rows; ours are fixed-shape and get padded with fully masked rows (to fill a micro-batch or a
+    shard, or after dynamic sampling drops groups), and counting those would make the loss scale depend on
+    the padding and on how the batch was split, breaking exact accumulation. The price: a row that is
+    entirely masked for another reason (an empty or rejected response) is not counted either.
+    """
+    if not norm_constant > 0:
+        raise ValueError(f"norm_constant must be > 0, got {norm_constant}")
+    sums_b, counts_b = _row_sums(loss_bt, mask_bt)
+    return LossTerms(jnp.sum(sums_b), jnp.sum(counts_b > 0).astype(sums_b.dtype) * norm_constant)
+
+
+def finalize(loss_sum: jax.Array, denominator: jax.Array) -> jax.Array:
+    """loss_sum / max(denominator, tiny), and 0 where the denominator is 0 (an all-masked batch), with a
+    zero (not NaN) gradient there."""
+    loss_sum = jnp.asarray(loss_sum)
+    denominator = jnp.asarray(denominator, loss_sum.dtype)
+    tiny = jnp.finfo(loss_sum.dtype).tiny
+    return jnp.where(denominator > 0, loss_sum / jnp.maximum(denominator, tiny), 0)

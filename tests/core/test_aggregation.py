@@ -1,0 +1,156 @@
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import arrays
+
+from rubric_jax.core import aggregation as agg
+from tests.core import reference_losses as ref
+from tests.core.reference_losses import SEEDS, random_policy_batch
+
+NORM_CONSTANT = 7.0
+MODES = {
+    "token-mean": jax.jit(agg.token_mean),
+    "seq-mean-token-mean": jax.jit(agg.seq_mean_token_mean),
+    "seq-mean-token-sum": jax.jit(agg.seq_mean_token_sum),
+    "seq-mean-token-sum-norm": jax.jit(functools.partial(agg.seq_mean_token_sum_norm, norm_constant=NORM_CONSTANT)),
+}
+finalize = jax.jit(agg.finalize)
+# d finalize(mode(loss, mask)) / d loss and d loss_sum / d loss, compiled once per mode
+FINALIZED_GRADS = {
+    mode: jax.jit(jax.grad(lambda loss, mask, fn=fn: agg.finalize(*fn(loss, mask)))) for mode, fn in MODES.items()
+}
+SUM_GRADS = {mode: jax.jit(jax.grad(lambda loss, mask, fn=fn: fn(loss, mask).loss_sum)) for mode, fn in MODES.items()}
+ROWS, TOKENS = 6, 5
+
+
+# ---------------------------------------------------------------- hand-computed cases
+
+
+def test_every_mode_hand_computed():
+    # row 0: tokens 1, 2, 3; row 1: token 4; row 2: fully masked (NaN padding must not leak)
+    loss = jnp.asarray([[1.0, 2.0, 3.0], [4.0, jnp.nan, jnp.inf], [jnp.nan, 9.0, 9.0]])
+    mask = jnp.asarray([[True, True, True], [True, False, False], [False, False, False]])
+    expected = {
+        "token-mean": (10.0, 4.0),  # 10 / 4 = 2.5
+        "seq-mean-token-mean": (2.0 + 4.0, 2.0),  # mean(2, 4) = 3
+        "seq-mean-token-sum": (6.0 + 4.0, 2.0),  # mean(6, 4) = 5
+        "seq-mean-token-sum-norm": (10.0, 2.0 * NORM_CONSTANT),  # 10 / 14
+    }
+    for mode, (loss_sum, denominator) in expected.items():
+        terms = MODES[mode](loss, mask)
+        np.testing.assert_allclose(terms, (loss_sum, denominator), rtol=1e-6)
+        np.testing.assert_allclose(finalize(*terms), loss_sum / denominator, rtol=1e-6)
+
+
+def test_finalize_is_zero_with_zero_gradient_on_a_zero_denominator():
+    value, grad = jax.jit(jax.value_and_grad(agg.finalize))(jnp.float32(0.0), jnp.float32(0.0))
+    assert float(value) == 0.0 and float(grad) == 0.0
+    np.testing.assert_allclose(finalize(jnp.float32(3.0), jnp.float32(4.0)), 0.75)
+
+
+@pytest.mark.parametrize("norm_constant", [0.0, -1.0])
+def test_norm_constant_must_be_positive(norm_constant):
+    with pytest.raises(ValueError, match="norm_constant"):
+        agg.seq_mean_token_sum_norm(jnp.zeros((1, 1)), jnp.ones((1, 1), bool), norm_constant=norm_constant)
+
+
+def test_dr_grpo_norm_counts_valid_rows_so_padding_rows_change_nothing():
+    loss, mask = jnp.asarray([[1.0, 2.0]]), jnp.asarray([[True, True]])
+    padded_loss = jnp.concatenate([loss, jnp.full((3, 2), jnp.nan)])
+    padded_mask = jnp.concatenate([mask, jnp.zeros((3, 2), bool)])
+    for fn in MODES.values():
+        np.testing.assert_array_equal(fn(loss, mask), fn(padded_loss, padded_mask))
+
+
+# ---------------------------------------------------------------- against the NumPy loop reference
+
+
+@pytest.mark.parametrize("dtype", [np.float32, jnp.bfloat16], ids=["f32", "bf16"])
+def test_every_mode_matches_reference(dtype):
+    # bfloat16 losses: the reference sums the same rounded values in float64, and the sums run in float32,
+    # so float32's tolerance holds.
+    for seed in SEEDS:
+        batch = random_policy_batch(np.random.RandomState(seed))
+        loss = batch.advantages.astype(dtype)  # per-token values with NaN / inf garbage on masked tokens
+        for mode, fn in MODES.items():
+            loss_sum, denominator = fn(loss, batch.mask)
+            expected_sum, expected_denominator = ref.aggregate(loss.astype(np.float64), batch.mask, mode, NORM_CONSTANT)
+            assert np.asarray(loss_sum).dtype == np.float32
+            np.testing.assert_allclose(loss_sum, expected_sum, rtol=1e-5, atol=1e-5)
+            assert float(denominator) == expected_denominator
+
+
+# ---------------------------------------------------------------- properties
+
+losses_bt = arrays(np.float32, (ROWS, TOKENS), elements=st.floats(-10, 10, width=32))
+masks_bt = arrays(np.bool_, (ROWS, TOKENS))
+
+
+def with_garbage(loss_bt, mask_bt):
+    """Masked tokens hold NaN: any leak into a sum shows."""
+    return np.where(mask_bt, loss_bt, np.nan).astype(np.float32)
+
+
+def sum_tolerance(loss_bt, mask_bt):
+    """Float32 summation-order error bound for sums of these values."""
+    return dict(rtol=1e-5, atol=1e-6 * (1.0 + float(np.abs(loss_bt[mask_bt]).sum())))
+
+
+@given(loss_bt=losses_bt, mask_bt=masks_bt, assignment=arrays(np.int32, (ROWS,), elements=st.integers(0, 3)))
+def test_reference_item_7_every_mode_sums_over_micro_batches_and_shards_to_the_full_batch(loss_bt, mask_bt, assignment):
+    """Rows go to up to 4 micro-batches (some may be empty). Two ways to cut: fixed-shape micro-batches that
+    keep every row and mask out the others' (padding rows), and shards holding only their own rows. Summing
+    their (loss_sum, denominator) pairs gives the full batch's pair: denominators exactly, sums up to
+    float32 summation order, and so the finalized loss."""
+    loss_bt = with_garbage(loss_bt, mask_bt)
+    tolerance = sum_tolerance(loss_bt, mask_bt)
+    for mode, fn in MODES.items():
+        full = fn(loss_bt, mask_bt)
+        padded = [fn(loss_bt, mask_bt & (assignment == k)[:, None]) for k in range(4)]
+        shards = [fn(loss_bt[assignment == k], mask_bt[assignment == k]) for k in range(4)]
+        for parts in (padded, shards):
+            total = functools.reduce(lambda a, b: jax.tree.map(jnp.add, a, b), parts)
+            assert float(total.denominator) == float(full.denominator), mode
+            np.testing.assert_allclose(total.loss_sum, full.loss_sum, **tolerance, err_msg=mode)
+            np.testing.assert_allclose(finalize(*total), finalize(*full), rtol=1e-5, atol=1e-5, err_msg=mode)
+
+
+@given(loss_bt=arrays(np.float32, (ROWS, TOKENS), elements=st.floats(allow_nan=True, allow_infinity=True, width=32)))
+def test_reference_item_8_all_masked_batch_gives_zero_not_nan(loss_bt):
+    mask_bt = np.zeros((ROWS, TOKENS), bool)
+    for mode, fn in MODES.items():
+        terms = fn(loss_bt, mask_bt)
+        assert (float(terms.loss_sum), float(terms.denominator)) == (0.0, 0.0), mode
+        assert float(finalize(*terms)) == 0.0, mode
+        grad = FINALIZED_GRADS[mode](loss_bt, mask_bt)
+        np.testing.assert_array_equal(grad, 0.0, err_msg=mode)
+
+
+@given(loss_bt=losses_bt, mask_bt=masks_bt)
+def test_reference_item_8_numerator_and_denominator_use_the_same_mask(loss_bt, mask_bt):
+    """Each term, recomputed from loss[mask] alone: garbage on masked tokens reaches neither the numerator
+    nor the denominator, every valid token reaches both, and the result is finite."""
+    garbage_bt = with_garbage(loss_bt, mask_bt)
+    tolerance = sum_tolerance(loss_bt, mask_bt)
+    row_valid = mask_bt.any(axis=1)
+    row_sums = np.asarray([loss_bt[b, mask_bt[b]].astype(np.float64).sum() for b in range(ROWS)])
+    row_means = np.asarray([row_sums[b] / mask_bt[b].sum() if row_valid[b] else 0.0 for b in range(ROWS)])
+    expected = {
+        "token-mean": (row_sums.sum(), mask_bt.sum()),
+        "seq-mean-token-mean": (row_means.sum(), row_valid.sum()),
+        "seq-mean-token-sum": (row_sums.sum(), row_valid.sum()),
+        "seq-mean-token-sum-norm": (row_sums.sum(), row_valid.sum() * NORM_CONSTANT),
+    }
+    for mode, fn in MODES.items():
+        terms = fn(garbage_bt, mask_bt)
+        np.testing.assert_allclose(terms.loss_sum, expected[mode][0], **tolerance, err_msg=mode)
+        assert float(terms.denominator) == float(expected[mode][1]), mode
+        assert np.isfinite(float(finalize(*terms))), mode
+        # the gradient reaches exactly the valid tokens
+        grad = SUM_GRADS[mode](garbage_bt, mask_bt)
+        np.testing.assert_array_equal(np.asarray(grad) != 0, mask_bt, err_msg=mode)
