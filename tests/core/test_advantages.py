@@ -137,7 +137,7 @@ def test_bfloat16_rewards_are_promoted_and_match_float32():
 # ---------------------------------------------------------------- REFERENCE.md section 4: the bugs we owe tests for
 
 
-def test_bug1_empty_response_reward_lands_on_no_token_and_leaks_into_no_mean():
+def test_reference_item_1_empty_response_reward_lands_on_no_token_and_leaks_into_no_mean():
     rewards = jnp.array([1.0, 0.0, 0.0, 7.0])  # the last rollout is empty: its reward must go nowhere
     ids = jnp.zeros(4, jnp.int32)
     response_mask = jnp.array([[1, 1, 0], [1, 1, 1], [1, 0, 0], [0, 0, 0]], bool)
@@ -149,7 +149,7 @@ def test_bug1_empty_response_reward_lands_on_no_token_and_leaks_into_no_mean():
 
 
 @pytest.mark.parametrize("name", ["grpo", "dr_grpo", "batch_std", "rloo", "loo_std"])
-def test_bug2_masked_sample_is_excluded_from_its_group_mean_and_std(name):
+def test_reference_item_2_masked_sample_is_excluded_from_its_group_mean_and_std(name):
     fn = {"grpo": grpo, "dr_grpo": dr_grpo, "batch_std": batch_std, "rloo": rloo, "loo_std": loo_std}[name]
     rewards = jnp.array([1.0, 0.0, 0.5, 1e6])
     ids = jnp.array([4, 4, 4, 4])
@@ -159,7 +159,7 @@ def test_bug2_masked_sample_is_excluded_from_its_group_mean_and_std(name):
     assert float(masked[3]) == 0.0
 
 
-def test_bug3_near_tied_rewards_equal_the_loop_with_no_hidden_variance_floor():
+def test_reference_item_3_near_tied_rewards_equal_the_loop_with_no_hidden_variance_floor():
     base = np.float32(0.5)
     ulp = np.nextafter(base, np.float32(1))
     rewards = np.array([base, ulp, base, ulp], np.float32)
@@ -170,7 +170,7 @@ def test_bug3_near_tied_rewards_equal_the_loop_with_no_hidden_variance_floor():
     np.testing.assert_allclose(np.abs(out), np.sqrt(3) / 2, rtol=1e-6)  # a real unit-scale signal, not 0
 
 
-def test_bug4_loo_residue_rewards_0_35_with_seven_of_eight_equal_keep_advantage_bounded():
+def test_reference_item_4_loo_residue_rewards_0_35_with_seven_of_eight_equal_keep_advantage_bounded():
     rewards = jnp.array([0.35] * 7 + [1.0], jnp.float32)
     ids = jnp.zeros(8, jnp.int32)
     out = np.asarray(loo_std(rewards, ids, std_ddof=1, eps=1e-6))
@@ -180,7 +180,7 @@ def test_bug4_loo_residue_rewards_0_35_with_seven_of_eight_equal_keep_advantage_
     np.testing.assert_allclose(out, ref.loo_std(np.asarray(rewards), np.zeros(8), np.ones(8, bool)), rtol=1e-5)
 
 
-def test_bug6_single_sample_groups_get_zero_advantage():
+def test_reference_item_6_single_sample_groups_get_zero_advantage():
     rewards = jnp.array([0.9, 0.1, 0.4])
     ids = jnp.array([1, 2, 2])
     for fn in (grpo, dr_grpo, rloo, loo_std):
@@ -188,7 +188,7 @@ def test_bug6_single_sample_groups_get_zero_advantage():
 
 
 @pytest.mark.parametrize("value", [0.35, 0.1, 1.0 / 3.0, -7.25, 1e-7])
-def test_bug10_all_equal_group_gives_exactly_zero(value):
+def test_reference_item_10_all_equal_group_gives_exactly_zero(value):
     rewards = jnp.full((7,), value, jnp.float32)
     ids = jnp.zeros(7, jnp.int32)
     for fn in (grpo, dr_grpo, rloo, loo_std):

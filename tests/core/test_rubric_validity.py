@@ -328,7 +328,7 @@ def group_batches(draw):
 
 
 @given(group_batches())
-def test_reference_4_5_zero_variance_filtering_is_decided_per_group(batch):
+def test_reference_item_5_zero_variance_filtering_is_decided_per_group(batch):
     values, group_ids, mask, _ = batch
     keep = np.asarray(group_filter(values, group_ids, mask))
     assert not np.any(keep[~mask])

@@ -263,3 +263,15 @@ def test_step_groups_are_per_prompt():
     group_ids = np.array([1, 1, 2, 2], np.int32)
     out = srar.srar_step_normalize(srar.StepRewards(reward_bs, present), group_ids, std_ddof=0, eps=0.0)
     np.testing.assert_allclose(out[:, 1], [1, -1, 0, 0], atol=1e-6)
+
+
+def test_srar_advantages_vmap_over_independent_batches():
+    rng = np.random.default_rng(3)
+    batches = [random_rollouts(rng, max_steps=MAX_STEPS) for _ in range(3)]
+    fields = ("rewards", "group_ids", "satisfied", "item_type", "item_mask", "item_step", "step_ids",
+              "response_mask", "valid")
+    stacked = [np.stack([getattr(b, f) for b in batches]) for f in fields]
+    vmapped = jax.vmap(lambda *a: srar.srar_advantages(*a, max_steps=MAX_STEPS))(*stacked)
+    for i, batch in enumerate(batches):
+        single = advantages(*(getattr(batch, f) for f in fields), max_steps=MAX_STEPS)
+        np.testing.assert_allclose(vmapped[i], single, rtol=1e-6, atol=1e-7)
