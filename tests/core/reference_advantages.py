@@ -17,7 +17,7 @@ def _std(values, ddof):
     return (sum((v - mean) ** 2 for v in values) / (len(values) - ddof)) ** 0.5
 
 
-def _groups(group_ids, valid):
+def group_members(group_ids, valid):
     """{group id: [valid rows of that group]}."""
     groups = {}
     for j in range(len(group_ids)):
@@ -28,7 +28,7 @@ def _groups(group_ids, valid):
 
 def grpo(rewards, group_ids, valid, std_ddof=1, eps=1e-6):
     rewards = np.asarray(rewards, np.float64)
-    groups = _groups(group_ids, valid)
+    groups = group_members(group_ids, valid)
     out = np.zeros(len(rewards))
     for i in range(len(rewards)):
         if not valid[i]:
@@ -43,7 +43,7 @@ def grpo(rewards, group_ids, valid, std_ddof=1, eps=1e-6):
 
 def dr_grpo(rewards, group_ids, valid):
     rewards = np.asarray(rewards, np.float64)
-    groups = _groups(group_ids, valid)
+    groups = group_members(group_ids, valid)
     out = np.zeros(len(rewards))
     for i in range(len(rewards)):
         if valid[i]:
@@ -60,7 +60,7 @@ def batch_std(rewards, group_ids, valid, std_ddof=1, eps=1e-6):
 
 def rloo(rewards, group_ids, valid):
     rewards = np.asarray(rewards, np.float64)
-    groups = _groups(group_ids, valid)
+    groups = group_members(group_ids, valid)
     out = np.zeros(len(rewards))
     for i in range(len(rewards)):
         others = [float(rewards[j]) for j in groups.get(int(group_ids[i]), []) if j != i]
@@ -71,7 +71,7 @@ def rloo(rewards, group_ids, valid):
 
 def loo_std(rewards, group_ids, valid, std_ddof=1, eps=1e-6):
     rewards = np.asarray(rewards, np.float64)
-    groups = _groups(group_ids, valid)
+    groups = group_members(group_ids, valid)
     out = np.zeros(len(rewards))
     for i in range(len(rewards)):
         others = [float(rewards[j]) for j in groups.get(int(group_ids[i]), []) if j != i]
@@ -150,7 +150,7 @@ def srar_advantages(base, group_ids, satisfied, item_type, item_mask, item_step,
                 continue
             step_reward[b][k] = step_reward[b].get(k, 0.0) + delta[b, j]
     # lines 11-13: normalise per (group, step) over G_k
-    groups = _groups(group_ids, valid)
+    groups = group_members(group_ids, valid)
     normalised = [dict() for _ in range(num_rows)]
     for b in range(num_rows):
         if not valid[b]:

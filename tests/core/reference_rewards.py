@@ -7,7 +7,7 @@ arrays: weights / points / masks must already be [B, K] (no [K] broadcasting her
 
 import math
 
-from tests.core.reference_advantages import BONUS, PITFALL, SUGGEST, _groups
+from tests.core.reference_advantages import group_members
 
 
 def _f(x):
@@ -157,7 +157,7 @@ def evorubric_generator_rewards(scores_mkn, proposed, verified, response_mask, n
 
 
 def dapo_group_filter(values, group_ids, valid, min_std=0.0):
-    groups = _groups(group_ids, valid)
+    groups = group_members(group_ids, valid)
     keep = []
     for i in range(len(values)):
         if not valid[i]:
@@ -173,7 +173,7 @@ def dapo_group_filter(values, group_ids, valid, min_std=0.0):
 
 def rgr_exploration_assessment(rewards, satisfied, item_mask, group_ids, valid):
     """Eqs 7-8 per row: (best_index, is_best, solved, failed items)."""
-    groups = _groups(group_ids, valid)
+    groups = group_members(group_ids, valid)
     out = []
     for i in range(len(rewards)):
         rows = groups.get(int(group_ids[i]), [])

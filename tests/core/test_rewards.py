@@ -7,9 +7,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from rubric_jax.core import rewards
-from rubric_jax.core.rewards import ANSWER, BONUS, PITFALL, SUGGEST, TypedBudgets
 from tests.core import reference_rewards as ref
-from tests.core.random_batches import random_rollouts
 
 B, K = 12, 6
 weighted_fraction = jax.jit(rewards.weighted_fraction)
