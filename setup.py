@@ -20,6 +20,9 @@ setup(
         "transformers>=4.51.0",
         "tensorstore>=0.1.71",
         "numpy>=1.26",
+        # read and written directly by rubric_jax.models.safetensors_io (bfloat16 through ml_dtypes)
+        "safetensors>=0.4.3",
+        "ml_dtypes>=0.5.0",
     ],
     extras_require={
         "test": [
@@ -30,6 +33,9 @@ setup(
             "nbformat>=5.10",
             "ipykernel>=6.29",
             "matplotlib>=3.8",
+            # Parity tests against transformers only. Pinned: this version has a local CPU build here, and any
+            # other version or an open range would pull a CUDA build (several GB).
+            "torch==2.13.0",
         ],
         # GPU/TPU hosts only: sglang pulls a CUDA build of torch.
         "sglang": ["sglang>=0.5.23"],

@@ -1,7 +1,10 @@
 import os
 
-# Tests run on the CPU; a multi-device mesh is simulated where a test needs one.
+# Tests run on the CPU. Eight simulated host devices let the sharding tests build FSDP, TP and mixed meshes;
+# it must be set before any test module initialises the JAX backend, hence here. Single-device code is unaffected.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
 
 from hypothesis import HealthCheck, settings
 

@@ -1,0 +1,221 @@
+"""`ModelConfig`: the architecture of a Qwen3 or Llama 3 decoder, read from and written to a Hugging Face `config.json`.
+
+Conventions:
+- Field names are this package's (num_layers, num_heads, num_kv_heads); `from_hf_dict` / `to_hf_dict` translate
+  the Hugging Face names (num_hidden_layers, num_attention_heads, num_key_value_heads).
+- Both config layouts are read: transformers 4 (`rope_theta` and `rope_scaling` at the top level) and
+  transformers 5 (`rope_parameters`, holding `rope_theta` and the scaling keys). Where both are present the
+  precedence is transformers 5's own: `rope_scaling` over `rope_parameters`, a theta inside the dict over the
+  top-level one.
+- Supported RoPE types: "default" (`rope_scaling` None) and "llama3" (`Llama3RopeScaling`). Anything the decoder
+  does not implement (another model type or RoPE type, sliding-window attention, MLP bias, an activation other
+  than SiLU, partial rotary embeddings) is a ValueError naming it, never silently ignored.
+"""
+
+import dataclasses
+import json
+import os
+from typing import Any, Mapping, Optional, Union
+
+ARCHITECTURES = {"qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM"}
+
+# The Hugging Face config classes' defaults for keys a config.json may leave out.
+_HF_DEFAULT_MAX_POSITIONS = {"qwen3": 32768, "llama": 2048}
+_HF_DEFAULT_RMS_NORM_EPS = 1e-6
+_HF_DEFAULT_ROPE_THETA = 10000.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Llama3RopeScaling:
+    """Llama 3.1 RoPE frequency scaling (transformers' `_compute_llama3_parameters`).
+
+    Wavelengths shorter than original_max_position_embeddings / high_freq_factor keep their frequency, longer
+    than original_max_position_embeddings / low_freq_factor are slowed by `factor`, and those in between are
+    interpolated smoothly.
+    """
+
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position_embeddings: int
+
+    def __post_init__(self):
+        if self.factor <= 0:
+            raise ValueError(f"llama3 rope_scaling factor must be positive, got {self.factor}")
+        if not 0 < self.low_freq_factor < self.high_freq_factor:
+            raise ValueError(
+                "llama3 rope_scaling needs 0 < low_freq_factor < high_freq_factor, got "
+                f"low_freq_factor={self.low_freq_factor}, high_freq_factor={self.high_freq_factor}"
+            )
+        if self.original_max_position_embeddings <= 0:
+            raise ValueError(
+                "llama3 rope_scaling original_max_position_embeddings must be positive, got "
+                f"{self.original_max_position_embeddings}"
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Architecture of a decoder-only model of the "qwen3" or "llama" (Llama 3) family.
+
+    `qk_norm` (RMSNorm on each query and key head before RoPE) follows from the family: True for qwen3 only.
+    `eos_token_id` is an int or a tuple of ints (Llama 3 Instruct lists several), as in the config.json.
+    """
+
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    max_position_embeddings: int
+    rms_norm_eps: float = _HF_DEFAULT_RMS_NORM_EPS
+    rope_theta: float = _HF_DEFAULT_ROPE_THETA
+    rope_scaling: Optional[Llama3RopeScaling] = None
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    bos_token_id: Optional[int] = None
+    eos_token_id: Optional[Union[int, tuple[int, ...]]] = None
+    pad_token_id: Optional[int] = None
+
+    def __post_init__(self):
+        if self.model_type not in ARCHITECTURES:
+            raise ValueError(f"unsupported model_type {self.model_type!r}; supported: {sorted(ARCHITECTURES)}")
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
+                     "head_dim", "max_position_embeddings"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads}) "
+                "for grouped-query attention"
+            )
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim must be even for rotary embeddings, got {self.head_dim}")
+        if self.rms_norm_eps <= 0 or self.rope_theta <= 0:
+            raise ValueError(
+                f"rms_norm_eps and rope_theta must be positive, got {self.rms_norm_eps} and {self.rope_theta}"
+            )
+        if self.rope_scaling is not None and not isinstance(self.rope_scaling, Llama3RopeScaling):
+            raise ValueError(f"rope_scaling must be None or a Llama3RopeScaling, got {self.rope_scaling!r}")
+        if isinstance(self.eos_token_id, list):
+            # A frozen dataclass must stay hashable (it is static under jit): lists become tuples.
+            object.__setattr__(self, "eos_token_id", tuple(self.eos_token_id))
+
+    @property
+    def qk_norm(self) -> bool:
+        return self.model_type == "qwen3"
+
+    @classmethod
+    def from_hf_dict(cls, d: Mapping[str, Any]) -> "ModelConfig":
+        """Reads a Hugging Face config dict (transformers 4 or 5 layout); ValueError on anything unsupported."""
+        model_type = d.get("model_type")
+        if model_type not in ARCHITECTURES:
+            raise ValueError(f"unsupported model_type {model_type!r}; supported: {sorted(ARCHITECTURES)}")
+        architectures = d.get("architectures") or [ARCHITECTURES[model_type]]
+        if list(architectures) != [ARCHITECTURES[model_type]]:
+            raise ValueError(
+                f"unsupported architectures {architectures!r} for model_type {model_type!r}; "
+                f"supported: [{ARCHITECTURES[model_type]!r}]"
+            )
+        missing = [k for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                               "num_attention_heads") if d.get(k) is None]
+        if missing:
+            raise ValueError(f"config is missing required keys {missing}")
+        _reject_unsupported_features(d)
+        max_positions = d.get("max_position_embeddings") or _HF_DEFAULT_MAX_POSITIONS[model_type]
+        rope_theta, rope_scaling = _read_rope(d, max_positions)
+        num_heads = d["num_attention_heads"]
+        return cls(
+            model_type=model_type,
+            vocab_size=d["vocab_size"],
+            hidden_size=d["hidden_size"],
+            intermediate_size=d["intermediate_size"],
+            num_layers=d["num_hidden_layers"],
+            num_heads=num_heads,
+            num_kv_heads=d.get("num_key_value_heads") or num_heads,
+            head_dim=d.get("head_dim") or d["hidden_size"] // num_heads,
+            max_position_embeddings=max_positions,
+            rms_norm_eps=d.get("rms_norm_eps", _HF_DEFAULT_RMS_NORM_EPS),
+            rope_theta=rope_theta,
+            rope_scaling=rope_scaling,
+            tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
+            attention_bias=bool(d.get("attention_bias", False)),
+            bos_token_id=d.get("bos_token_id"),
+            eos_token_id=d.get("eos_token_id"),
+            pad_token_id=d.get("pad_token_id"),
+        )
+
+    @classmethod
+    def from_pretrained(cls, path: Union[str, os.PathLike]) -> "ModelConfig":
+        """Reads `config.json` from a local Hugging Face model directory."""
+        with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
+            return cls.from_hf_dict(json.load(f))
+
+    def to_hf_dict(self) -> dict[str, Any]:
+        """A config.json dict that transformers (4.51+ and 5) loads as this architecture.
+
+        RoPE is written in both layouts: transformers 4 reads only `rope_theta` / `rope_scaling`, transformers 5
+        prefers `rope_parameters`; both describe the same thing, so either reader gets it.
+        """
+        rope_scaling = None
+        if self.rope_scaling is not None:
+            rope_scaling = {"rope_type": "llama3", **dataclasses.asdict(self.rope_scaling)}
+        return {
+            "architectures": [ARCHITECTURES[self.model_type]],
+            "model_type": self.model_type,
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_layers,
+            "num_attention_heads": self.num_heads,
+            "num_key_value_heads": self.num_kv_heads,
+            "head_dim": self.head_dim,
+            "hidden_act": "silu",
+            "max_position_embeddings": self.max_position_embeddings,
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta,
+            "rope_scaling": rope_scaling,
+            "rope_parameters": {"rope_type": "default", "rope_theta": self.rope_theta, **(rope_scaling or {})},
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "attention_bias": self.attention_bias,
+            "bos_token_id": self.bos_token_id,
+            "eos_token_id": list(self.eos_token_id) if isinstance(self.eos_token_id, tuple) else self.eos_token_id,
+            "pad_token_id": self.pad_token_id,
+        }
+
+
+def _reject_unsupported_features(d: Mapping[str, Any]) -> None:
+    if d.get("hidden_act", "silu") != "silu":
+        raise ValueError(f"unsupported hidden_act {d['hidden_act']!r}; only 'silu' (SwiGLU MLP) is implemented")
+    if d.get("use_sliding_window") or "sliding_attention" in (d.get("layer_types") or ()):
+        raise ValueError("unsupported sliding-window attention (use_sliding_window / layer_types)")
+    if d.get("mlp_bias"):
+        raise ValueError("unsupported mlp_bias=True; the MLP projections have no bias")
+
+
+def _read_rope(d: Mapping[str, Any], max_positions: int) -> tuple[float, Optional[Llama3RopeScaling]]:
+    rope = dict(d.get("rope_scaling") or d.get("rope_parameters") or {})
+    theta = float(rope.get("rope_theta", d.get("rope_theta", _HF_DEFAULT_ROPE_THETA)))
+    partial = rope.get("partial_rotary_factor", d.get("partial_rotary_factor", 1.0))
+    if partial != 1.0:
+        raise ValueError(f"unsupported partial_rotary_factor {partial}; rotary embeddings cover the whole head")
+    # Old configs name the type "type" (transformers reads it the same way).
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type == "default":
+        return theta, None
+    if rope_type != "llama3":
+        raise ValueError(f"unsupported RoPE type {rope_type!r}; supported: 'default', 'llama3'")
+    missing = [k for k in ("factor", "low_freq_factor", "high_freq_factor") if k not in rope]
+    if missing:
+        raise ValueError(f"llama3 rope_scaling is missing {missing}")
+    scaling = Llama3RopeScaling(
+        factor=float(rope["factor"]),
+        low_freq_factor=float(rope["low_freq_factor"]),
+        high_freq_factor=float(rope["high_freq_factor"]),
+        # transformers' fallback when the key is absent.
+        original_max_position_embeddings=int(rope.get("original_max_position_embeddings", max_positions)),
+    )
+    return theta, scaling

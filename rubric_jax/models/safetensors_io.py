@@ -1,0 +1,405 @@
+"""Hugging Face safetensors checkpoints <-> `Decoder`: load a local model directory straight into (sharded)
+parameters, and save a model back in the layout transformers and SGLang read.
+
+Conventions:
+- `hf_name_table(config)` is the one mapping between Hugging Face tensor names and the Decoder's NNX state paths
+  (the contract in `rubric_jax/models/__init__.py`); load and save both use it. A torch Linear weight is
+  [out, in] and an NNX kernel [in, out], so those entries are transposes; embeddings, norms and biases are not.
+- Files: a single `model.safetensors`, or shards `model-00001-of-0000N.safetensors` with
+  `model.safetensors.index.json` ({"metadata": {"total_size": bytes, ...}, "weight_map": {name: file}}), the
+  names transformers' `save_pretrained` uses. The safetensors metadata is {"format": "pt"}, which
+  transformers requires.
+- Tied embeddings (`tie_word_embeddings`): no `lm_head.weight` is saved, and one found on load is ignored, as
+  transformers does (the embedding is the unembedding).
+
+Host memory (the host never holds two copies of the model, nor one whole copy):
+- Load builds the Decoder abstractly (`nnx.eval_shape`: shapes only, no random init) and creates each
+  parameter with `jax.make_array_from_callback`: the callback reads, from the memory-mapped file, only the slice
+  one device holds (`safe_open(...).get_slice`), transposes and casts that slice, and the device copies it in.
+  Devices holding the same slice share one read. Peak host use is one tensor's slices at a time.
+- Save gathers one parameter at a time to the host (`jax.device_get`), converts it, writes it, and drops it
+  before the next; the safetensors header is computed from shapes alone, so each file is streamed.
+- Save is atomic: everything is written to a sibling staging directory, fsynced, and renamed into place, so a
+  crash leaves either the old checkpoint or the new one, never a half-written one.
+"""
+
+import contextlib
+import dataclasses
+import functools
+import json
+import math
+import os
+import re
+import shutil
+import struct
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Optional, Union
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, SingleDeviceSharding
+from safetensors import safe_open
+
+from rubric_jax.models.config import ModelConfig
+from rubric_jax.models.decoder import Decoder
+from rubric_jax.models.sharding import PartitionRule, param_partition_spec, partition_rules
+from rubric_jax.models.tokenizer import tokenizer_files
+
+WEIGHTS_NAME = "model.safetensors"
+INDEX_NAME = "model.safetensors.index.json"
+CONFIG_NAME = "config.json"
+
+NnxPath = tuple[Union[str, int], ...]
+# HF tensor name -> (NNX state path, whether the HF tensor is the transpose of the NNX parameter).
+HfNameTable = dict[str, tuple[NnxPath, bool]]
+
+_SAFETENSORS_DTYPES = {
+    np.dtype(np.float64): "F64",
+    np.dtype(np.float32): "F32",
+    np.dtype(np.float16): "F16",
+    np.dtype(ml_dtypes.bfloat16): "BF16",
+}
+
+# Tensors some published checkpoints carry that hold no parameter of ours: old Llama exports saved RoPE's
+# inverse frequencies as a buffer (the decoder computes them from the config).
+_IGNORED_TENSORS = re.compile(r"^model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq$")
+
+
+def hf_name_table(config: ModelConfig) -> HfNameTable:
+    """Every HF tensor of a `config` model, in transformers' state-dict order, mapped to its NNX state path and
+    whether it is stored transposed ([out, in] in the file, [in, out] in the Decoder)."""
+    table: HfNameTable = {"model.embed_tokens.weight": (("embed_tokens", "embedding"), False)}
+    for i in range(config.num_layers):
+        hf, path = f"model.layers.{i}", ("layers", i)
+        for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            table[f"{hf}.self_attn.{proj}.weight"] = (path + ("self_attn", proj, "kernel"), True)
+            if config.attention_bias:
+                table[f"{hf}.self_attn.{proj}.bias"] = (path + ("self_attn", proj, "bias"), False)
+        if config.qk_norm:
+            for norm in ("q_norm", "k_norm"):
+                table[f"{hf}.self_attn.{norm}.weight"] = (path + ("self_attn", norm, "scale"), False)
+        for proj in ("gate_proj", "up_proj", "down_proj"):
+            table[f"{hf}.mlp.{proj}.weight"] = (path + ("mlp", proj, "kernel"), True)
+        for norm in ("input_layernorm", "post_attention_layernorm"):
+            table[f"{hf}.{norm}.weight"] = (path + (norm, "scale"), False)
+    table["model.norm.weight"] = (("norm", "scale"), False)
+    if not config.tie_word_embeddings:
+        table["lm_head.weight"] = (("lm_head", "kernel"), True)
+    return table
+
+
+def _hf_shape(nnx_shape: Sequence[int], transpose: bool) -> tuple[int, ...]:
+    return tuple(reversed(nnx_shape)) if transpose else tuple(nnx_shape)
+
+
+def _check_table_covers(table: HfNameTable, params: Mapping[NnxPath, Any]) -> None:
+    """The table and the Decoder's parameters must name the same paths: a parameter without an HF name would be
+    silently left at its init on load and dropped on save."""
+    table_paths = {path for path, _ in table.values()}
+    unnamed = sorted(map(str, set(params) - table_paths))
+    absent = sorted(map(str, table_paths - set(params)))
+    if unnamed or absent:
+        raise RuntimeError(
+            f"hf_name_table and the Decoder disagree: parameters without an HF name {unnamed}, "
+            f"table paths the Decoder lacks {absent}"
+        )
+
+
+def _summary(names: Sequence[str], limit: int = 8) -> str:
+    shown = ", ".join(repr(n) for n in names[:limit])
+    return shown if len(names) <= limit else f"{shown} and {len(names) - limit} more"
+
+
+# ----------------------------------------------------------------------------------------------------- load
+
+
+@contextlib.contextmanager
+def _open_tensors(directory: Path) -> Iterator[dict[str, Any]]:
+    """{HF name: safetensors slice handle} over every file of the checkpoint, open for the block's duration.
+    The names are those the files hold (the index only says which files to open)."""
+    if (directory / INDEX_NAME).is_file():
+        with open(directory / INDEX_NAME, encoding="utf-8") as f:
+            files = sorted(set(json.load(f)["weight_map"].values()))
+    elif (directory / WEIGHTS_NAME).is_file():
+        files = [WEIGHTS_NAME]
+    else:
+        raise FileNotFoundError(f"no {WEIGHTS_NAME} or {INDEX_NAME} in {directory}")
+    with contextlib.ExitStack() as stack:
+        handles = {}
+        for file in files:
+            reader = stack.enter_context(safe_open(str(directory / file), framework="numpy"))
+            handles.update({name: reader.get_slice(name) for name in reader.keys()})
+        yield handles
+
+
+def _is_ignorable(name: str, config: ModelConfig) -> bool:
+    """A tensor a published checkpoint may carry without it being a parameter: see `_IGNORED_TENSORS`, and a
+    tied model's `lm_head.weight` (transformers ties it to the embedding and ignores the stored copy)."""
+    return bool(_IGNORED_TENSORS.match(name)) or (config.tie_word_embeddings and name == "lm_head.weight")
+
+
+def _check_tensor_names(table: HfNameTable, names: Sequence[str], config: ModelConfig, directory: Path) -> None:
+    missing = sorted(set(table) - set(names))
+    if missing:
+        raise ValueError(f"checkpoint {directory} is missing tensors {_summary(missing)}")
+    extra = sorted(n for n in set(names) - set(table) if not _is_ignorable(n, config))
+    if extra:
+        raise ValueError(
+            f"checkpoint {directory} has unexpected tensors {_summary(extra)}, which a {config.model_type} "
+            f"model of this config.json does not have"
+        )
+
+
+def _read_sharded(handle: Any, shape: tuple[int, ...], dtype: Any, transpose: bool, sharding: jax.sharding.Sharding
+                  ) -> jax.Array:
+    """The tensor behind `handle` as a jax.Array of `shape` (the NNX layout), `dtype` and `sharding`. Each
+    addressable device's slice is read from the file on its own (devices holding the same slice share one read),
+    so the host holds at most this process's distinct slices of one tensor: the whole tensor only when
+    it is replicated."""
+    blocks: dict[tuple, np.ndarray] = {}
+
+    def read_block(index: tuple[slice, ...]) -> np.ndarray:
+        key = tuple((s.start, s.stop, s.step) for s in index)
+        if key not in blocks:
+            block = handle[index[::-1]].T if transpose else handle[index]
+            blocks[key] = block.astype(dtype, copy=False)
+        return blocks[key]
+
+    return jax.make_array_from_callback(shape, sharding, read_block)
+
+
+def load_hf_checkpoint(
+    directory: Union[str, os.PathLike],
+    *,
+    mesh: Optional[Mesh] = None,
+    rules: Optional[Sequence[PartitionRule]] = None,
+    param_dtype: Any = jnp.float32,
+    **decoder_kwargs: Any,
+) -> Decoder:
+    """A Decoder with the weights of the local Hugging Face directory `directory` (config.json plus
+    model.safetensors or a sharded index), every parameter cast to `param_dtype`.
+
+    With `mesh`, each parameter is placed with the NamedSharding of `sharding.param_partition_spec` under
+    `rules` (default `partition_rules(config)`); without, on the default device. `decoder_kwargs` (dtype,
+    remat, shard_activations) go to the Decoder's constructor.
+
+    Raises ValueError for an unsupported architecture (from `ModelConfig`), a missing or unexpected tensor,
+    or a tensor whose shape disagrees with config.json; each message names the tensors.
+    """
+    directory = Path(directory)
+    config = ModelConfig.from_pretrained(directory)
+    table = hf_name_table(config)
+    rules = partition_rules(config) if rules is None else rules
+    abstract = nnx.eval_shape(lambda: Decoder(config, rngs=nnx.Rngs(0), param_dtype=param_dtype, **decoder_kwargs))
+    graphdef, abstract_state = nnx.split(abstract)
+    variables = dict(nnx.to_flat_state(abstract_state))
+    _check_table_covers(table, variables)
+    with _open_tensors(directory) as handles:
+        _check_tensor_names(table, list(handles), config, directory)
+        for name, (path, transpose) in table.items():
+            leaf = variables[path].get_value()
+            file_shape = tuple(handles[name].get_shape())
+            if file_shape != _hf_shape(leaf.shape, transpose):
+                raise ValueError(
+                    f"tensor {name!r} in {directory} has shape {file_shape}, but config.json implies "
+                    f"{_hf_shape(leaf.shape, transpose)}"
+                )
+            if mesh is None:
+                sharding = SingleDeviceSharding(jax.local_devices()[0])
+            else:
+                spec = param_partition_spec(".".join(map(str, path)), leaf.shape, rules, dict(mesh.shape))
+                sharding = NamedSharding(mesh, spec)
+            array = _read_sharded(handles[name], leaf.shape, leaf.dtype, transpose, sharding)
+            variables[path] = variables[path].replace(array)
+    return nnx.merge(graphdef, nnx.from_flat_state(variables))
+
+
+# ----------------------------------------------------------------------------------------------------- save
+
+
+@dataclasses.dataclass(frozen=True)
+class _TensorToWrite:
+    """One HF tensor of a checkpoint being saved: its header entry, and how to produce its bytes."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    fetch: Callable[[], np.ndarray]
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
+
+
+def _host_tensor(array: jax.Array, name: str, transpose: bool, dtype: np.dtype) -> np.ndarray:
+    """`array` gathered to this host in HF layout and `dtype`, C-contiguous."""
+    if not array.is_fully_addressable:
+        raise NotImplementedError(
+            f"parameter {name!r} spans devices of other processes; multi-host save is not supported"
+        )
+    host = np.asarray(jax.device_get(array))
+    return np.ascontiguousarray((host.T if transpose else host).astype(dtype, copy=False))
+
+
+def _tensors_to_write(model: Decoder, dtype: Optional[Any]) -> list[_TensorToWrite]:
+    table = hf_name_table(model.config)
+    params = {path: var.get_value() for path, var in nnx.to_flat_state(nnx.state(model))}
+    _check_table_covers(table, params)
+    tensors = []
+    for name, (path, transpose) in table.items():
+        array = params[path]
+        np_dtype = np.dtype(dtype if dtype is not None else array.dtype)
+        if np_dtype not in _SAFETENSORS_DTYPES:
+            raise ValueError(f"cannot save tensor {name!r} as {np_dtype}; supported: {sorted(map(str, _SAFETENSORS_DTYPES))}")
+        fetch = functools.partial(_host_tensor, array, name, transpose, np_dtype)
+        tensors.append(_TensorToWrite(name, _hf_shape(array.shape, transpose), np_dtype, fetch))
+    return tensors
+
+
+def _write_safetensors(path: Path, tensors: Sequence[_TensorToWrite]) -> None:
+    """Streams `tensors` into a safetensors file: the header (8-byte little-endian length, then JSON padded with
+    spaces to a multiple of 8 so the data is aligned) is known from shapes alone, then each tensor's bytes in
+    order, fetched one at a time."""
+    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for t in tensors:
+        header[t.name] = {"dtype": _SAFETENSORS_DTYPES[t.dtype], "shape": list(t.shape),
+                          "data_offsets": [offset, offset + t.nbytes]}
+        offset += t.nbytes
+    header_bytes = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    header_bytes += b" " * (-len(header_bytes) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(header_bytes)))
+        f.write(header_bytes)
+        for t in tensors:
+            data = t.fetch()
+            if data.shape != t.shape or data.dtype != t.dtype:
+                raise RuntimeError(f"tensor {t.name!r} came back as {data.shape} {data.dtype}, not {t.shape} {t.dtype}")
+            f.write(data.reshape(-1).view(np.uint8).data)
+
+
+def _split_into_shards(tensors: Sequence[_TensorToWrite], max_shard_bytes: Optional[int]) -> list[list[_TensorToWrite]]:
+    """Consecutive groups of at most `max_shard_bytes` of tensor data (a larger tensor gets a shard of its own),
+    as transformers splits; one group when `max_shard_bytes` is None."""
+    if max_shard_bytes is None:
+        return [list(tensors)]
+    shards: list[list[_TensorToWrite]] = [[]]
+    size = 0
+    for t in tensors:
+        if shards[-1] and size + t.nbytes > max_shard_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append(t)
+        size += t.nbytes
+    return shards
+
+
+def _write_weights(directory: Path, tensors: Sequence[_TensorToWrite], max_shard_bytes: Optional[int]) -> None:
+    shards = _split_into_shards(tensors, max_shard_bytes)
+    if len(shards) == 1:
+        _write_safetensors(directory / WEIGHTS_NAME, shards[0])
+        return
+    weight_map = {}
+    for k, shard in enumerate(shards, start=1):
+        file = f"model-{k:05d}-of-{len(shards):05d}.safetensors"
+        _write_safetensors(directory / file, shard)
+        weight_map.update({t.name: file for t in shard})
+    index = {
+        "metadata": {
+            "total_size": sum(t.nbytes for t in tensors),
+            "total_parameters": sum(math.prod(t.shape) for t in tensors),
+        },
+        "weight_map": dict(sorted(weight_map.items())),
+    }
+    _write_json(directory / INDEX_NAME, index)
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=2)
+        f.write("\n")
+
+
+def _config_dict(config: ModelConfig, tensors: Sequence[_TensorToWrite]) -> dict[str, Any]:
+    """config.to_hf_dict() with the weights' dtype, under transformers 5's key ("dtype") and 4's ("torch_dtype"):
+    SGLang's dtype="auto" serves the model in it."""
+    hf = config.to_hf_dict()
+    dtypes = {t.dtype.name for t in tensors}
+    if len(dtypes) == 1:
+        hf["dtype"] = hf["torch_dtype"] = dtypes.pop()
+    return hf
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(directory: Path) -> None:
+    """Flushes every file of `directory`, then its entries, to disk: the rename that publishes the directory
+    must not reach the disk before the data it names."""
+    for path in directory.iterdir():
+        _fsync(path)
+    _fsync(directory)
+
+
+@contextlib.contextmanager
+def _atomic_directory(directory: Path, overwrite: bool) -> Iterator[Path]:
+    """Yields a staging directory beside `directory`; on success renames it to `directory` (replacing an
+    existing one only if `overwrite`), on failure deletes it. Rename within one filesystem is atomic, so
+    readers see the old checkpoint or the new one. Replacing takes two renames (old aside, new in): a crash
+    between them leaves `directory` absent and the old checkpoint at `.<name>.old-<id>`, still not a torn one."""
+    if directory.exists() and not overwrite:
+        raise FileExistsError(f"{directory} exists; pass overwrite=True to replace it")
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    staging = directory.with_name(f".{directory.name}.tmp-{uuid.uuid4().hex}")
+    staging.mkdir()
+    try:
+        yield staging
+        _fsync_tree(staging)
+        if directory.exists():
+            retired = directory.with_name(f".{directory.name}.old-{uuid.uuid4().hex}")
+            os.replace(directory, retired)
+            os.replace(staging, directory)
+            shutil.rmtree(retired)
+        else:
+            os.replace(staging, directory)
+        _fsync(directory.parent)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def save_hf_checkpoint(
+    model: Decoder,
+    directory: Union[str, os.PathLike],
+    *,
+    max_shard_bytes: Optional[int] = None,
+    dtype: Optional[Any] = None,
+    tokenizer_dir: Optional[Union[str, os.PathLike]] = None,
+    overwrite: bool = False,
+) -> None:
+    """Writes `model` as a Hugging Face checkpoint in `directory`: config.json and the weights under their HF
+    names, shapes (transposed back to [out, in]) and dtype (`dtype`, default each parameter's own), loadable by
+    transformers' `from_pretrained` and SGLang's `/update_weights_from_disk`.
+
+    `max_shard_bytes` splits the weights into shards with an index when they exceed it (one file otherwise).
+    `tokenizer_dir` copies the tokenizer files found there (`tokenizer.TOKENIZER_FILES`). The write is atomic;
+    an existing `directory` is replaced as a whole only with `overwrite=True` (FileExistsError otherwise).
+    Parameters are gathered to the host one at a time; they must be addressable from this process.
+    """
+    tensors = _tensors_to_write(model, dtype)
+    tokenizer_paths = tokenizer_files(tokenizer_dir) if tokenizer_dir is not None else []
+    with _atomic_directory(Path(directory), overwrite) as staging:
+        _write_weights(staging, tensors, max_shard_bytes)
+        _write_json(staging / CONFIG_NAME, _config_dict(model.config, tensors))
+        for source in tokenizer_paths:
+            shutil.copyfile(source, staging / source.name)

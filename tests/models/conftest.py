@@ -1,0 +1,123 @@
+"""Tiny random Hugging Face checkpoints saved to disk, the way every model test gets weights without a download.
+
+Each fixture is a directory holding what `save_pretrained` writes for a Qwen3 or Llama model (config.json,
+model.safetensors, generation_config.json, float32) and a tiny byte-level BPE tokenizer with a chat template
+(tokenizer.json, tokenizer_config.json, chat_template.jinja), loadable by AutoModelForCausalLM and AutoTokenizer.
+
+Shapes: hidden 64, 2 layers, 4 query heads, 2 key/value heads, head_dim 16, MLP 128. The vocabulary is 320: the
+tokenizer's 256 bytes + merges + 3 special tokens (TOKENIZER_VOCAB_SIZE), padded up as real checkpoints pad
+theirs, so some model ids have no token.
+
+transformers initialises weights with std 0.02 and norms to 1, which makes logits tiny and every norm scale the
+same; the weights are redrawn at unit scale (norm scales around 1, biases nonzero) so that a wrong transpose,
+a swapped norm or a dropped bias shows in the logits.
+"""
+
+import pytest
+import torch
+import transformers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+VOCAB_SIZE = 320
+TOKENIZER_VOCAB_SIZE = 300
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+PAD_ID, IM_START_ID, IM_END_ID = 0, 1, 2  # the BPE trainer numbers special tokens first
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+_CORPUS = [
+    "The rubric awards two points for a correct final answer and one point for showing each step.",
+    "### Step 1: add the numbers. ### Step 2: check the sum. The answer is 42.",
+    "what is two plus two? the answer is four.",
+]
+
+SHAPES = dict(
+    vocab_size=VOCAB_SIZE,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    bos_token_id=None,
+    pad_token_id=PAD_ID,
+    eos_token_id=IM_END_ID,
+)
+# Llama 3 RoPE scaling with a short original context, so that test positions run past it; theta 500000 as in
+# Llama 3 puts the 8 frequencies of head_dim 16 in all three bands (kept, interpolated, divided by factor).
+LLAMA3_ROPE = dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                   original_max_position_embeddings=64)
+
+
+def _tokenizer() -> transformers.PreTrainedTokenizerFast:
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=TOKENIZER_VOCAB_SIZE,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(_CORPUS, trainer)
+    assert [tokenizer.token_to_id(t) for t in SPECIAL_TOKENS] == [PAD_ID, IM_START_ID, IM_END_ID]
+    assert tokenizer.get_vocab_size() == TOKENIZER_VOCAB_SIZE
+    return transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        chat_template=CHAT_TEMPLATE,
+    )
+
+
+def _redraw_weights(model: torch.nn.Module) -> None:
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("bias"):
+                param.normal_(0.0, 0.1)
+            elif param.ndim == 1:  # an RMSNorm scale
+                param.copy_(1.0 + 0.2 * torch.randn_like(param))
+            elif "embed_tokens" in name:
+                param.normal_(0.0, 1.0)
+            else:  # a Linear weight [out, in]: unit-variance outputs for unit-variance inputs
+                param.normal_(0.0, param.shape[1] ** -0.5)
+
+
+def _save_tiny_model(tmp_path_factory, name: str, config: transformers.PretrainedConfig):
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    _redraw_weights(model)
+    directory = tmp_path_factory.mktemp(name)
+    model.save_pretrained(directory, safe_serialization=True)
+    _tokenizer().save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_dir(tmp_path_factory):
+    """Qwen3 with tied embeddings (as Qwen3-0.6B to 4B)."""
+    config = transformers.Qwen3Config(**SHAPES, tie_word_embeddings=True, max_position_embeddings=512)
+    return _save_tiny_model(tmp_path_factory, "tiny_qwen3", config)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_untied_dir(tmp_path_factory):
+    """Qwen3 with a separate lm_head (as Qwen3-8B and up)."""
+    config = transformers.Qwen3Config(**SHAPES, tie_word_embeddings=False, max_position_embeddings=512)
+    return _save_tiny_model(tmp_path_factory, "tiny_qwen3_untied", config)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory):
+    """Llama 3 with llama3 RoPE scaling, an untied lm_head, and attention biases (which no released Llama 3 has,
+    but the config allows and the decoder implements) so the bias path is tested too."""
+    config = transformers.LlamaConfig(
+        **{**SHAPES, "eos_token_id": [IM_END_ID, PAD_ID]},  # a list, as Llama 3 Instruct's
+        tie_word_embeddings=False,
+        attention_bias=True,
+        rope_theta=500000.0,
+        rope_scaling=LLAMA3_ROPE,
+        max_position_embeddings=256,
+    )
+    return _save_tiny_model(tmp_path_factory, "tiny_llama", config)
