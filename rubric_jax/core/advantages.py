@@ -18,15 +18,7 @@ import chex
 import jax
 import jax.numpy as jnp
 
-from rubric_jax.core.segments import dense_segment_ids, leave_one_out_stats, segment_stats
-
-
-def _valid(rewards: jax.Array, mask: Optional[jax.Array]) -> jax.Array:
-    chex.assert_rank(rewards, 1)
-    if mask is None:
-        return jnp.ones(rewards.shape, bool)
-    chex.assert_equal_shape([rewards, mask])
-    return mask.astype(bool)
+from rubric_jax.core.segments import dense_segment_ids, leave_one_out_stats, rows_mask, segment_stats
 
 
 def scale_by_std(centred: jax.Array, std: jax.Array, eps: float) -> jax.Array:
@@ -53,7 +45,7 @@ def grpo_advantages(
 
     Returns [B]; 0 for masked rows, single-sample groups and zero-variance groups.
     """
-    valid = _valid(rewards, mask)
+    valid = rows_mask(mask, rewards.shape[0])
     stats = _group_stats(rewards, group_ids, valid, std_ddof)
     return jnp.where(valid, scale_by_std(stats.deviation, stats.std, eps), 0)
 
@@ -63,7 +55,7 @@ def dr_grpo_advantages(rewards: jax.Array, group_ids: jax.Array, mask: Optional[
 
     Returns [B]; 0 for masked rows and single-sample groups.
     """
-    valid = _valid(rewards, mask)
+    valid = rows_mask(mask, rewards.shape[0])
     stats = _group_stats(rewards, group_ids, valid, std_ddof=0)
     return jnp.where(valid, stats.deviation, 0)
 
@@ -80,7 +72,7 @@ def batch_std_advantages(
 
     std_batch is the std of all valid rewards of the batch. Returns [B]; 0 for masked rows.
     """
-    valid = _valid(rewards, mask)
+    valid = rows_mask(mask, rewards.shape[0])
     group = _group_stats(rewards, group_ids, valid, std_ddof=0)
     batch = segment_stats(rewards, jnp.zeros(rewards.shape, jnp.int32), valid, num_segments=1, ddof=std_ddof)
     return jnp.where(valid, scale_by_std(group.deviation, batch.std, eps), 0)
@@ -91,7 +83,7 @@ def rloo_advantages(rewards: jax.Array, group_ids: jax.Array, mask: Optional[jax
 
     Returns [B]; 0 for masked rows and single-sample groups (no other rollout to form a baseline).
     """
-    valid = _valid(rewards, mask)
+    valid = rows_mask(mask, rewards.shape[0])
     others = leave_one_out_stats(rewards, group_ids, valid)
     return jnp.where(valid & (others.count > 0), others.deviation, 0)
 
@@ -112,7 +104,7 @@ def loo_std_advantages(
     and |A| stays bounded by max |r_i - b_i| there (REFERENCE.md section 4, item 4).
     Returns [B]; 0 for masked rows and single-sample groups.
     """
-    valid = _valid(rewards, mask)
+    valid = rows_mask(mask, rewards.shape[0])
     others = leave_one_out_stats(rewards, group_ids, valid, ddof=std_ddof)
     centred = others.deviation
     advantage = jnp.where(others.std > 0, centred / (others.std + eps), centred)
@@ -151,7 +143,7 @@ def reinforce_pp_baseline_advantages(
 
     Returns [B, T]; 0 on masked rows and off the response mask.
     """
-    valid = _valid(rewards, mask)
+    valid = rows_mask(mask, rewards.shape[0])
     centred = broadcast_to_tokens(dr_grpo_advantages(rewards, group_ids, valid), response_mask_bt)
     token_mask = response_mask_bt.astype(bool) & valid[:, None]
     return whiten_tokens(centred, token_mask, std_ddof=std_ddof, eps=eps)
@@ -174,7 +166,7 @@ def normalize_then_sum_advantages(
     """
     chex.assert_rank([rewards_bm, weights_m], [2, 1])
     chex.assert_equal_shape_suffix([rewards_bm, weights_m], 1)
-    valid = _valid(rewards_bm[:, 0], mask)
+    valid = rows_mask(mask, rewards_bm.shape[0])
     per_component = jax.vmap(
         lambda r: grpo_advantages(r, group_ids, valid, std_ddof=std_ddof, eps=eps), in_axes=1, out_axes=1
     )(rewards_bm)

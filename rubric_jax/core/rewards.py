@@ -21,7 +21,7 @@ import chex
 import jax
 import jax.numpy as jnp
 
-from rubric_jax.core.segments import as_stats_dtype
+from rubric_jax.core.segments import as_stats_dtype, rows_mask
 
 # SRaR item types (srar.txt, section 3.3): standard reasoning, known errors, exceptional insights, final answer.
 SUGGEST, PITFALL, BONUS, ANSWER = 0, 1, 2, 3
@@ -204,11 +204,7 @@ def truncation_mask(stopped_b: jax.Array, mask: Optional[jax.Array] = None) -> j
     """The mask-out variant of the truncation penalty: [B] bool, True for rollouts that stopped (and are in
     `mask`). Pass it as the estimators' `mask` so a truncated rollout leaks into no group statistic."""
     chex.assert_rank(stopped_b, 1)
-    stopped = jnp.asarray(stopped_b).astype(bool)
-    if mask is None:
-        return stopped
-    chex.assert_equal_shape([stopped_b, mask])
-    return stopped & jnp.asarray(mask).astype(bool)
+    return jnp.asarray(stopped_b).astype(bool) & rows_mask(mask, stopped_b.shape[0])
 
 
 def clip_rewards(rewards_b: jax.Array, *, low: float = 0.0, high: float = 1.0) -> jax.Array:

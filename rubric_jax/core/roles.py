@@ -24,14 +24,14 @@ import jax
 import jax.numpy as jnp
 
 from rubric_jax.core.advantages import scale_by_std
-from rubric_jax.core.segments import segment_stats
+from rubric_jax.core.segments import rows_mask, segment_stats
 
 
 def role_mask(role_ids: jax.Array, role: int, mask: Optional[jax.Array] = None) -> jax.Array:
     """[B] bool: the valid rollouts played in `role`."""
     chex.assert_rank(role_ids, 1)
     selected = role_ids == role
-    return selected if mask is None else selected & mask.astype(bool)
+    return selected & rows_mask(mask, role_ids.shape[0])
 
 
 def role_batch_advantages(
@@ -50,7 +50,7 @@ def role_batch_advantages(
     """
     chex.assert_rank(rewards, 1)
     chex.assert_equal_shape([rewards, role_ids])
-    valid = jnp.ones(rewards.shape, bool) if mask is None else mask.astype(bool)
+    valid = rows_mask(mask, rewards.shape[0])
     stats = segment_stats(rewards, role_ids.astype(jnp.int32), valid, num_segments=num_roles, ddof=std_ddof)
     return jnp.where(valid, scale_by_std(stats.deviation, stats.std, eps), 0)
 

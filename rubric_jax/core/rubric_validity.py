@@ -23,14 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from rubric_jax.core.rewards import min_max_score, positive_points_score, rlcer_outcome_reward
-from rubric_jax.core.segments import as_stats_dtype, dense_segment_ids, leave_one_out_stats, segment_stats
-
-
-def _response_mask(mask_n: Optional[jax.Array], num: int) -> jax.Array:
-    if mask_n is None:
-        return jnp.ones((num,), bool)
-    chex.assert_shape(mask_n, (num,))
-    return jnp.asarray(mask_n).astype(bool)
+from rubric_jax.core.segments import as_stats_dtype, dense_segment_ids, leave_one_out_stats, rows_mask, segment_stats
 
 
 def _row_deviations(x_rn: jax.Array, mask_n: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -64,7 +57,7 @@ def masked_pearson(x_kn: jax.Array, y_kn: jax.Array, mask_n: Optional[jax.Array]
     """
     chex.assert_rank(y_kn, {1, x_kn.ndim})
     chex.assert_equal_shape_suffix([x_kn, y_kn], 1)
-    valid = _response_mask(mask_n, x_kn.shape[-1])
+    valid = rows_mask(mask_n, x_kn.shape[-1])
     dx, sxx = _row_deviations(x_kn, valid)
     dy, syy = _row_deviations(y_kn, valid)
     defined = (sxx > 0) & (syy > 0)
@@ -151,7 +144,7 @@ def zero_variance_prune(
     """
     chex.assert_equal_shape_prefix([scores_kn, rubric_mask_k], rubric_mask_k.ndim)
     chex.assert_rank(scores_kn, rubric_mask_k.ndim + 1)
-    _, sum_sq = _row_deviations(scores_kn, _response_mask(response_mask_n, scores_kn.shape[-1]))
+    _, sum_sq = _row_deviations(scores_kn, rows_mask(response_mask_n, scores_kn.shape[-1]))
     return jnp.asarray(rubric_mask_k).astype(bool) & (sum_sq > 0)
 
 
@@ -283,11 +276,6 @@ def evorubric_reasoner_reward(
 # ---------------------------------------------------------------- DAPO and RGR-GRPO, over a batch of groups
 
 
-def _valid_rows(values_b: jax.Array, mask: Optional[jax.Array]) -> jax.Array:
-    chex.assert_rank(values_b, 1)
-    return _response_mask(mask, values_b.shape[0])
-
-
 def dapo_group_filter(
     values_b: jax.Array, group_ids: jax.Array, mask: Optional[jax.Array] = None, *, min_std: float = 0.0
 ) -> jax.Array:
@@ -298,7 +286,8 @@ def dapo_group_filter(
     decision. Masked rows take no part in the decision and are never kept. A group with one valid row has no
     variance and is dropped. `values_b` is whichever signal the recipe filters on (accuracy, reward).
     """
-    valid = _valid_rows(values_b, mask)
+    chex.assert_rank(values_b, 1)
+    valid = rows_mask(mask, values_b.shape[0])
     chex.assert_equal_shape([values_b, group_ids])
     stats = segment_stats(values_b, dense_segment_ids(group_ids), valid, num_segments=values_b.shape[0], ddof=0)
     return valid & (stats.std > min_std)
@@ -331,7 +320,8 @@ def rgr_exploration_assessment(
     of its rubric; an empty rubric is solved (eq 7's condition holds vacuously and there is nothing to refine on).
     Degenerate: a group with no valid row has best_index -1, no best row, solved False and no failed criteria.
     """
-    valid = _valid_rows(rewards_b, mask)
+    chex.assert_rank(rewards_b, 1)
+    valid = rows_mask(mask, rewards_b.shape[0])
     chex.assert_rank([satisfied_bk, item_mask_bk], 2)
     chex.assert_equal_shape([satisfied_bk, item_mask_bk])
     chex.assert_equal_shape([rewards_b, group_ids])

@@ -16,7 +16,7 @@ Conventions shared by every function here:
   and std exactly 0, and near-tied values lose no precision to the shift (Sterbenz).
 """
 
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import chex
 import jax
@@ -43,6 +43,14 @@ def as_stats_dtype(x: jax.Array) -> jax.Array:
     """x as an array of `stats_dtype(x)`: bool, int and bfloat16 inputs are promoted to float32."""
     x = jnp.asarray(x)
     return x.astype(stats_dtype(x))
+
+
+def rows_mask(mask: Optional[jax.Array], num_rows: int) -> jax.Array:
+    """[num_rows] bool: `mask`, or every row when it is None (the estimators' optional `mask` argument)."""
+    if mask is None:
+        return jnp.ones((num_rows,), bool)
+    chex.assert_shape(mask, (num_rows,))
+    return jnp.asarray(mask).astype(bool)
 
 
 def dense_segment_ids(ids: jax.Array) -> jax.Array:

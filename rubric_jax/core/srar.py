@@ -30,7 +30,7 @@ import jax.numpy as jnp
 
 from rubric_jax.core.advantages import broadcast_to_tokens, grpo_advantages
 from rubric_jax.core.rewards import BONUS, PITFALL, SUGGEST, TypedBudgets
-from rubric_jax.core.segments import dense_segment_ids, pair_segment_ids, segment_stats
+from rubric_jax.core.segments import dense_segment_ids, pair_segment_ids, rows_mask, segment_stats
 
 
 class StepRewards(NamedTuple):
@@ -126,7 +126,7 @@ def srar_step_normalize(
     """
     reward_bs, present_bs = step_rewards
     num_rows, num_slots = reward_bs.shape
-    valid = jnp.ones((num_rows,), bool) if mask is None else mask.astype(bool)
+    valid = rows_mask(mask, num_rows)
     dense_groups = dense_segment_ids(group_ids)
     slots = jnp.broadcast_to(jnp.arange(num_slots), (num_rows, num_slots))
     pair_ids = pair_segment_ids(jnp.broadcast_to(dense_groups[:, None], slots.shape), slots, num_slots)
@@ -175,7 +175,7 @@ def srar_advantages(
 
     `base_rewards` [B] is r_base = (1 - lambda) r_acc + lambda r_fmt (`rubric_jax.core.rewards`).
     """
-    valid = jnp.ones(base_rewards.shape, bool) if mask is None else mask.astype(bool)
+    valid = rows_mask(mask, base_rewards.shape[0])
     outcome = grpo_advantages(base_rewards, group_ids, valid, std_ddof=std_ddof, eps=eps)
     delta_bk, carries_delta_bk = srar_item_deltas(satisfied_bk, item_type_bk, item_mask_bk, budgets)
     step_rewards = srar_step_rewards(
@@ -211,7 +211,7 @@ def srar_merged_advantages(
     delta-bearing item keeps its advantage on every response token, so an outcome-only rollout is not silenced.
     Returns [B, T] float32, 0 for masked rollouts.
     """
-    valid = jnp.ones(base_rewards.shape, bool) if mask is None else mask.astype(bool)
+    valid = rows_mask(mask, base_rewards.shape[0])
     delta_bk, carries_delta_bk = srar_item_deltas(satisfied_bk, item_type_bk, item_mask_bk, budgets)
     merged = base_rewards.astype(jnp.float32) + delta_bk.sum(axis=1)  # r_base + srar_rubric_total
     advantage = grpo_advantages(merged, group_ids, valid, std_ddof=std_ddof, eps=eps)
