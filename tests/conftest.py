@@ -15,3 +15,6 @@ settings.register_profile(
 )
 settings.register_profile("thorough", max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+# The tiny Hugging Face checkpoints every model, inference and judge test loads (built once per session).
+from tests.tiny_checkpoints import tiny_llama_dir, tiny_qwen3_dir, tiny_qwen3_untied_dir  # noqa: E402,F401

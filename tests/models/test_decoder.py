@@ -19,7 +19,7 @@ from flax import nnx
 from rubric_jax.models.config import Llama3RopeScaling, ModelConfig
 from rubric_jax.models.decoder import ACTIVATION_AXES, Decoder, init_cache, rope_inv_freq
 from rubric_jax.models.safetensors_io import load_hf_checkpoint
-from tests.models.conftest import CHAT_TEMPLATE, VOCAB_SIZE
+from tests.tiny_checkpoints import CHAT_TEMPLATE, VOCAB_SIZE
 
 MODEL_FIXTURES = ["tiny_qwen3_dir", "tiny_qwen3_untied_dir", "tiny_llama_dir"]
 # float32 on the CPU: the two implementations differ only in summation order; observed max |diff| ~2e-5 on

@@ -3,7 +3,7 @@
 import pytest
 
 from rubric_jax.models.tokenizer import apply_chat_template, load_tokenizer
-from tests.models.conftest import IM_END_ID, IM_START_ID
+from tests.tiny_checkpoints import IM_END_ID, IM_START_ID
 
 MESSAGES = [
     {"role": "system", "content": "Answer briefly."},
