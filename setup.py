@@ -25,7 +25,7 @@ setup(
         "ml_dtypes>=0.5.0",
         # rollout and judge HTTP clients (rubric_jax.inference, rubric_jax.judges); the test stand-in server too
         "aiohttp>=3.9",
-        # outcome verification of \\boxed{} answers (rubric_jax.judges.outcome); the extra brings its LaTeX parser
+        # outcome verification of \boxed{} answers (rubric_jax.judges.outcome); the extra brings its LaTeX parser
         "math-verify[antlr4_13_2]>=0.7",
     ],
     extras_require={
