@@ -1,0 +1,61 @@
+"""Judges: rubric verdicts [B, K] for a batch of rollouts, and outcome verification of final answers.
+
+base.py          `JudgeRequest`, `RolloutVerdict`, `Verdicts` (satisfied_bk, item_step_bk, failed_b, reasons) with
+                 the failure convention (a failed rollout: every item unsatisfied, step -1), and the `Judge` ABC.
+programmatic.py  `ProgrammaticJudge`: criteria checked by registered predicates (`register_check`) or `RegexCheck`s.
+llm.py           LLM judges over an OpenAI-compatible chat endpoint: `RolloutLLMJudge` (one call per rollout, all
+                 items: SRaR, rubric-grounded, RLCER verifier formats) and `CriterionLLMJudge` (one call per
+                 criterion, `{"rating": 0|1}`: RGR-GRPO), on a `ChatClient` with retries and schema fallback.
+outcome.py       `extract_boxed`, `extract_choice`, `answers_equivalent` (math-verify under a wall-clock limit, in a
+                 child process) and `OutcomeVerifier` (0 / 1 score and a reason).
+"""
+
+from rubric_jax.judges.base import Judge, JudgeRequest, RolloutVerdict, Verdicts
+from rubric_jax.judges.llm import (
+    ChatClient,
+    ChatSettings,
+    CriterionFormat,
+    CriterionLLMJudge,
+    RolloutFormat,
+    RolloutLLMJudge,
+    grounded_format,
+    rating_format,
+    rlcer_verifier_format,
+    srar_format,
+)
+from rubric_jax.judges.outcome import (
+    OutcomeVerdict,
+    OutcomeVerifier,
+    answers_equivalent,
+    equivalence_status,
+    extract_boxed,
+    extract_choice,
+)
+from rubric_jax.judges.programmatic import ProgrammaticJudge, RegexCheck, register_check, registered_check
+
+__all__ = [
+    "ChatClient",
+    "ChatSettings",
+    "CriterionFormat",
+    "CriterionLLMJudge",
+    "Judge",
+    "JudgeRequest",
+    "OutcomeVerdict",
+    "OutcomeVerifier",
+    "ProgrammaticJudge",
+    "RegexCheck",
+    "RolloutFormat",
+    "RolloutLLMJudge",
+    "RolloutVerdict",
+    "Verdicts",
+    "answers_equivalent",
+    "equivalence_status",
+    "extract_boxed",
+    "extract_choice",
+    "grounded_format",
+    "rating_format",
+    "register_check",
+    "registered_check",
+    "rlcer_verifier_format",
+    "srar_format",
+]

@@ -1,0 +1,204 @@
+"""The judge interface: requests in, fixed-shape verdict arrays [B, K] out, with a failure flag per rollout.
+
+Conventions (DESIGN.md; `rubric_jax.core.srar`):
+- `satisfied_bk` [B, K] float32 in [0, 1] (0 / 1 for binary judges), item k of rollout b's rubric; items past the
+  rubric's length (padding to K = max_items) are 0.
+- `item_step_bk` [B, K] int32: the step the judge attributed the item to (k >= 1 a `### Step k:` step, 0 the whole
+  response), -1 when there is no attribution (judges that do not attribute, padding, failures).
+- A judge that fails on a rollout (an unparsable output, a request that failed, a check that raised) marks it in
+  `failed_b` with a reason, and the rollout gets every item unsatisfied and step -1: SRaR's convention ("any
+  failure -> every item not satisfied", REFERENCE.md section 2), which takes it out of every step group. What
+  its reward becomes is the algorithm's `rubric_jax.rubrics.parsing.FailurePolicy` (zero reward or excluded).
+- A failure never raises; a programmer error (a request that is not a JudgeRequest, a rubric longer than
+  max_items, a judge misconfigured for the rubric) raises ValueError naming the field.
+"""
+
+import abc
+import collections
+import dataclasses
+import math
+from typing import Optional, Sequence
+
+import numpy as np
+
+from rubric_jax.rubrics.schema import Rubric
+
+_INT32 = np.iinfo(np.int32)
+
+
+@dataclasses.dataclass(frozen=True)
+class JudgeRequest:
+    """One rollout to judge: the question, the response text, the rubric to judge it against, an optional
+    reference (ground truth, or the privileged grounding passage of rubric-grounded GRPO) and the response's
+    number of steps (SRaR's judge attributes items to steps 1..num_steps), when known."""
+
+    question: str
+    response: str
+    rubric: Rubric
+    reference: Optional[str] = None
+    num_steps: Optional[int] = None
+
+    def __post_init__(self):
+        for field in ("question", "response"):
+            if not isinstance(getattr(self, field), str):
+                raise ValueError(f"{field} must be a str, got {type(getattr(self, field)).__name__}")
+        if self.reference is not None and not isinstance(self.reference, str):
+            raise ValueError(f"reference must be None or a str, got {type(self.reference).__name__}")
+        if not isinstance(self.rubric, Rubric):
+            raise ValueError(f"rubric must be a Rubric, got {type(self.rubric).__name__}")
+        if self.num_steps is not None and (
+            isinstance(self.num_steps, bool) or not isinstance(self.num_steps, int) or self.num_steps < 0
+        ):
+            raise ValueError(f"num_steps must be None or a non-negative int, got {self.num_steps!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutVerdict:
+    """One rollout's judgement before padding: one score in [0, 1] per rubric item, the items' steps (None: no
+    attribution), and, for a failure, a short `reason` code (counted by metrics) and a free-text `detail`.
+
+    A failure carries no scores: `RolloutVerdict.failure(reason, detail)`. Values outside [0, 1], non-finite
+    scores, or steps that do not match the scores are programmer errors (ValueError): a judge turns bad model
+    output into a failure before building a verdict.
+    """
+
+    satisfied: tuple[float, ...] = ()
+    item_step: Optional[tuple[int, ...]] = None
+    reason: str = ""
+    detail: str = ""
+
+    def __post_init__(self):
+        satisfied = tuple(float(s) for s in self.satisfied)
+        if not all(math.isfinite(s) and 0.0 <= s <= 1.0 for s in satisfied):
+            raise ValueError(f"satisfied must be finite scores in [0, 1], got {satisfied}")
+        object.__setattr__(self, "satisfied", satisfied)
+        if self.item_step is not None:
+            item_step = tuple(int(k) for k in self.item_step)
+            if len(item_step) != len(satisfied):
+                raise ValueError(f"item_step has {len(item_step)} entries for {len(satisfied)} items")
+            if not all(_INT32.min <= k <= _INT32.max for k in item_step):
+                raise ValueError(f"item_step must fit int32, got {item_step}")
+            object.__setattr__(self, "item_step", item_step)
+        if not isinstance(self.reason, str) or not isinstance(self.detail, str):
+            raise ValueError("reason and detail must be str")
+        if self.reason and (satisfied or self.item_step):
+            raise ValueError(f"a failed verdict ({self.reason!r}) carries no scores or steps")
+        if self.detail and not self.reason:
+            raise ValueError("detail without a failure reason")
+
+    @classmethod
+    def failure(cls, reason: str, detail: str = "") -> "RolloutVerdict":
+        if not reason:
+            raise ValueError("a failure needs a non-empty reason")
+        return cls(reason=reason, detail=detail)
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.reason)
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdicts:
+    """A batch of judgements (module docstring): `satisfied_bk` float32 [B, K], `item_step_bk` int32 [B, K],
+    `failed_b` bool [B], `reasons` ("" when ok, a short code when failed) and `details` (free text, "" when ok;
+    empty tuple = all ""). Validated on construction: shapes, dtypes, scores in [0, 1], and the failure
+    convention (a failed row has a reason, scores 0 and steps -1; an ok row has no reason). The arrays are
+    read-only copies."""
+
+    satisfied_bk: np.ndarray
+    item_step_bk: np.ndarray
+    failed_b: np.ndarray
+    reasons: tuple[str, ...]
+    details: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        satisfied = np.array(self.satisfied_bk, np.float32)  # copies, made read-only below
+        steps = np.array(self.item_step_bk)
+        failed = np.array(self.failed_b)
+        if satisfied.ndim != 2 or steps.shape != satisfied.shape or failed.shape != satisfied.shape[:1]:
+            raise ValueError(
+                f"satisfied_bk [B, K], item_step_bk [B, K] and failed_b [B] disagree: {satisfied.shape}, "
+                f"{steps.shape}, {failed.shape}"
+            )
+        if not np.issubdtype(steps.dtype, np.integer) or failed.dtype != bool:
+            raise ValueError(f"item_step_bk must be integers and failed_b bool, got {steps.dtype}, {failed.dtype}")
+        if steps.size and not _INT32.min <= steps.min() <= steps.max() <= _INT32.max:
+            raise ValueError("item_step_bk must fit int32")
+        if not (np.isfinite(satisfied).all() and (satisfied >= 0).all() and (satisfied <= 1).all()):
+            raise ValueError("satisfied_bk must be finite and in [0, 1]")
+        reasons = tuple(self.reasons)
+        details = tuple(self.details) or ("",) * len(reasons)
+        if len(reasons) != len(failed) or len(details) != len(failed):
+            raise ValueError(f"reasons and details need one entry per rollout ({len(failed)})")
+        if [bool(r) for r in reasons] != failed.tolist():
+            raise ValueError("a rollout is failed exactly when it has a reason")
+        if (satisfied[failed] != 0).any() or (steps[failed] != -1).any():
+            raise ValueError("a failed rollout must have every item unsatisfied and step -1")
+        steps = steps.astype(np.int32)
+        for array in (satisfied, steps, failed):
+            array.setflags(write=False)
+        object.__setattr__(self, "satisfied_bk", satisfied)
+        object.__setattr__(self, "item_step_bk", steps)
+        object.__setattr__(self, "failed_b", failed)
+        object.__setattr__(self, "reasons", reasons)
+        object.__setattr__(self, "details", details)
+
+    @classmethod
+    def from_rollouts(cls, verdicts: Sequence[RolloutVerdict], max_items: int) -> "Verdicts":
+        """Pad per-rollout verdicts to [B, K = max_items]: padding 0 / -1, no attribution -1, a failure all
+        unsatisfied with step -1. ValueError if a verdict has more than max_items items."""
+        check_max_items(max_items)
+        shape = (len(verdicts), max_items)
+        satisfied = np.zeros(shape, np.float32)
+        steps = np.full(shape, -1, np.int32)
+        for b, verdict in enumerate(verdicts):
+            if not isinstance(verdict, RolloutVerdict):
+                raise ValueError(f"verdicts[{b}] must be a RolloutVerdict, got {type(verdict).__name__}")
+            n = len(verdict.satisfied)
+            if n > max_items:
+                raise ValueError(f"verdicts[{b}] has {n} items, more than max_items={max_items}")
+            satisfied[b, :n] = verdict.satisfied
+            if verdict.item_step is not None:
+                steps[b, :n] = verdict.item_step
+        return cls(
+            satisfied_bk=satisfied,
+            item_step_bk=steps,
+            failed_b=np.array([v.failed for v in verdicts], bool).reshape(-1),
+            reasons=tuple(v.reason for v in verdicts),
+            details=tuple(v.detail for v in verdicts),
+        )
+
+    def failure_counts(self) -> collections.Counter:
+        """Failed rollouts counted by reason."""
+        return collections.Counter(reason for reason in self.reasons if reason)
+
+
+def check_max_items(max_items: int) -> None:
+    if isinstance(max_items, bool) or not isinstance(max_items, (int, np.integer)) or max_items < 0:
+        raise ValueError(f"max_items must be a non-negative int, got {max_items!r}")
+
+
+def check_requests(requests: Sequence[JudgeRequest], max_items: int) -> None:
+    """ValueError unless every request is a JudgeRequest whose rubric has at most max_items criteria."""
+    check_max_items(max_items)
+    for b, request in enumerate(requests):
+        if not isinstance(request, JudgeRequest):
+            raise ValueError(f"requests[{b}] must be a JudgeRequest, got {type(request).__name__}")
+        if len(request.rubric.criteria) > max_items:
+            raise ValueError(
+                f"requests[{b}].rubric has {len(request.rubric.criteria)} criteria, more than max_items={max_items}"
+            )
+
+
+class Judge(abc.ABC):
+    """Judges B rollouts against their rubrics into Verdicts [B, K = max_items] (module docstring)."""
+
+    @abc.abstractmethod
+    def judge(self, requests: Sequence[JudgeRequest], max_items: int) -> Verdicts:
+        """Synchronous judgement of `requests`, in order."""
+
+    async def ajudge(self, requests: Sequence[JudgeRequest], max_items: int) -> Verdicts:
+        """Asynchronous judgement. This default runs `judge` inline, on the event loop's thread: CPU judges are
+        quick, and the outcome verifier's time limits are cheapest on the main thread. Network judges override
+        it with concurrent requests."""
+        return self.judge(requests, max_items)

@@ -1,0 +1,282 @@
+"""LLM judges over any OpenAI-compatible chat endpoint (SGLang's `/v1/chat/completions` first).
+
+Two ways of asking, as the papers do, each its own judge:
+- `RolloutLLMJudge`: one call per rollout with every rubric item (SRaR's step-attributed judge, the
+  rubric-grounded judge, RLCER's verifier). Its `RolloutFormat` names the prompt, the output schema and the
+  parser.
+- `CriterionLLMJudge`: one call per (rollout, criterion), output `{"rating": 0|1}` (RGR-GRPO). Its
+  `CriterionFormat` names the same three for one criterion.
+
+Conventions:
+- Low temperature (0 by default), a fixed `max_tokens`, and JSON-schema-constrained decoding
+  (`response_format: {"type": "json_schema", ...}`) when the format has a schema and the server takes it: after
+  a 4xx answer to a request that carried a schema, the call is repeated without one, and if that succeeds
+  schemas are switched off for the rest of the client's life (counted in `ChatClient.schema_rejections`). The parser stays the check
+  either way, since not every server enforces the schema.
+- All calls of a batch are issued at once; the `JsonHttpClient` bounds how many are in flight and retries 5xx,
+  timeouts, dropped connections and malformed bodies with backoff (its `stats` count them).
+- Failures never raise and are counted per call (`failures`, a `parsing.FailureCounter`):
+  - a rollout's output that does not parse fails that rollout with the parser's reason;
+  - a request that fails after its retries fails the rollout with reason "request_failed" (the transport's
+    reason, e.g. "http_503", in the detail);
+  - per criterion (RGR-GRPO: "parse failure scores 0"), an unparsable rating scores that criterion 0 and is
+    counted by its reason, and the rollout stays judged; a failed request still fails the whole rollout, because
+    the server, not the output, is at fault.
+  A failed rollout gets every item unsatisfied with step -1 (`judges.base`); the algorithm's FailurePolicy
+  decides its reward.
+- Responses and rubrics reach the judge only through the prompt functions of `rubric_jax.rubrics.prompts`,
+  which fence them; the judge's output is data, read by the parsers of `rubric_jax.rubrics.parsing` alone.
+"""
+
+import asyncio
+import dataclasses
+import math
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+from rubric_jax.inference.http import JsonHttpClient, MalformedResponse, RequestFailed
+from rubric_jax.judges.base import Judge, JudgeRequest, RolloutVerdict, Verdicts, check_requests
+from rubric_jax.judges.outcome import extract_boxed
+from rubric_jax.rubrics import parsing, prompts
+from rubric_jax.rubrics.parsing import FailureCounter, ParseResult
+
+Messages = prompts.Messages
+CHAT_PATH = "/v1/chat/completions"
+REQUEST_FAILED = "request_failed"
+
+
+@dataclasses.dataclass(frozen=True)
+class ChatSettings:
+    """The sampling settings of every judge call: the served `model` name, `temperature` (0: greedy, the
+    papers' judges), `max_tokens` of the answer, an optional `seed`, and whether to send JSON schemas."""
+
+    model: str
+    temperature: float = 0.0
+    max_tokens: int = 2048
+    seed: Optional[int] = None
+    json_schema: bool = True
+
+    def __post_init__(self):
+        if not isinstance(self.model, str) or not self.model:
+            raise ValueError(f"ChatSettings.model must be a non-empty str, got {self.model!r}")
+        if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ValueError(f"ChatSettings.temperature must be a finite number >= 0, got {self.temperature!r}")
+        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise ValueError(f"ChatSettings.max_tokens must be an int >= 1, got {self.max_tokens!r}")
+
+
+def chat_content(body: Any) -> str:
+    """The assistant text of an OpenAI chat-completion body (`choices[0].message.content`); MalformedResponse
+    (which the client retries) for any other shape."""
+    if not isinstance(body, dict):
+        raise MalformedResponse(f"expected a JSON object, got {type(body).__name__}")
+    choices = body.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise MalformedResponse("no choices[0] object")
+    message = choices[0].get("message")
+    content = message.get("content") if isinstance(message, dict) else None
+    if not isinstance(content, str):
+        raise MalformedResponse("choices[0].message.content is not a string")
+    return content
+
+
+class ChatClient:
+    """Chat completions of one server: `complete(messages, schema)` returns the assistant's text."""
+
+    def __init__(self, http: JsonHttpClient, settings: ChatSettings):
+        self.http = http
+        self.settings = settings
+        self.schemas_accepted = settings.json_schema
+        self.schema_rejections = 0
+
+    def _payload(self, messages: Messages, schema: Optional[Mapping[str, Any]]) -> dict:
+        payload = {
+            "model": self.settings.model,
+            "messages": list(messages),
+            "temperature": self.settings.temperature,
+            "max_tokens": self.settings.max_tokens,
+        }
+        if self.settings.seed is not None:
+            payload["seed"] = self.settings.seed
+        if schema is not None:
+            payload["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {"name": "judgement", "schema": dict(schema), "strict": True},
+            }
+        return payload
+
+    async def complete(self, messages: Messages, schema: Optional[Mapping[str, Any]] = None) -> str:
+        """The answer to `messages`, constrained by `schema` while the server accepts schemas (module
+        docstring). RequestFailed when the request does not succeed."""
+        if schema is None or not self.schemas_accepted:
+            return await self.http.post_json(CHAT_PATH, self._payload(messages, None), chat_content)
+        try:
+            return await self.http.post_json(CHAT_PATH, self._payload(messages, schema), chat_content)
+        except RequestFailed as error:
+            if error.status is None or not 400 <= error.status < 500:
+                raise
+        # A 4xx may be the schema's fault or the request's: schemas are switched off only if the same request
+        # without one succeeds.
+        text = await self.http.post_json(CHAT_PATH, self._payload(messages, None), chat_content)
+        if self.schemas_accepted:
+            self.schemas_accepted = False
+            self.schema_rejections += 1
+        return text
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutFormat:
+    """How to ask one call per rollout: `messages(request)`, the output `schema(request)` (None: none) and
+    `parse(text, request)`, a `parsing` parser whose values hold "satisfied_k" [K] in [0, 1] and, for a
+    step-attributing judge, "step_k" [K]."""
+
+    messages: Callable[[JudgeRequest], Messages]
+    schema: Callable[[JudgeRequest], Optional[dict]]
+    parse: Callable[[str, JudgeRequest], ParseResult]
+
+
+@dataclasses.dataclass(frozen=True)
+class CriterionFormat:
+    """How to ask one call per criterion: `messages(request, k)` for criterion k, the output `schema()` and
+    `parse(text)`, whose values hold the scalar "rating" in [0, 1]."""
+
+    messages: Callable[[JudgeRequest, int], Messages]
+    schema: Callable[[], Optional[dict]]
+    parse: Callable[[str], ParseResult]
+
+
+def srar_format(extract_answer: Callable[[str], Optional[str]] = extract_boxed) -> RolloutFormat:
+    """SRaR's step-attributed judge (srar.txt, Appendix 7.4): every item's verdict and step in one call; the
+    student's final answer shown is `extract_answer(response)` (the last \\boxed{} by default)."""
+    return RolloutFormat(
+        messages=lambda r: prompts.step_attributed_judge_prompt(r.question, r.rubric, r.response, extract_answer(r.response)),
+        schema=lambda r: parsing.srar_judge_schema(len(r.rubric.criteria)),
+        parse=lambda text, r: parsing.parse_srar_judge(text, num_items=len(r.rubric.criteria), num_steps=r.num_steps),
+    )
+
+
+def _weights(request: JudgeRequest) -> list[float]:
+    return [c.weight for c in request.rubric.criteria]
+
+
+def _grounding(request: JudgeRequest) -> str:
+    if request.reference is None:
+        raise ValueError("the rubric-grounded judge needs each request's grounding passage as `reference`")
+    return request.reference
+
+
+def grounded_format(max_grounding_chars: Optional[int] = None) -> RolloutFormat:
+    """The rubric-grounded judge (rubric_grounded_rl.txt, section 3.1, Appendix D): the privileged grounding
+    passage (the request's `reference`, required) and every weighted criterion in one call; satisfied_k is the
+    awarded fraction s_k / w_k."""
+    return RolloutFormat(
+        messages=lambda r: prompts.privileged_grounding_judge_prompt(
+            r.question, r.response, r.rubric, _grounding(r), max_grounding_chars=max_grounding_chars
+        ),
+        schema=lambda r: parsing.grounded_scores_schema(_weights(r)),
+        parse=lambda text, r: parsing.parse_grounded_scores(text, weights=_weights(r)),
+    )
+
+
+def rlcer_verifier_format() -> RolloutFormat:
+    """RLCER's verifier (rlcer.txt, Appendix B, Figure 10): a binary judgement of every rubric of the question
+    on one rollout, in one call."""
+    return RolloutFormat(
+        messages=lambda r: prompts.verifier_prompt(r.question, r.response, r.rubric),
+        schema=lambda r: parsing.rlcer_verifier_schema(len(r.rubric.criteria)),
+        parse=lambda text, r: parsing.parse_rlcer_verifier(text, num_items=len(r.rubric.criteria)),
+    )
+
+
+def rating_format() -> CriterionFormat:
+    """RGR-GRPO's judge (rgr_grpo.txt, eq 3): one call per criterion, `{"rating": 0|1}`; the request's
+    `reference` (a reference answer), when given, is shown to the judge."""
+    return CriterionFormat(
+        messages=lambda r, k: prompts.criterion_judge_prompt(r.question, r.response, r.rubric.criteria[k], r.reference),
+        schema=parsing.rating_schema,
+        parse=parsing.parse_rating,
+    )
+
+
+def _request_failure(error: RequestFailed) -> RolloutVerdict:
+    return RolloutVerdict.failure(REQUEST_FAILED, f"{error.reason}: {error}")
+
+
+class _LLMJudge(Judge):
+    """What both LLM judges share: the chat client, the failure counter and the sync entry point."""
+
+    def __init__(self, chat: ChatClient, failures: Optional[FailureCounter] = None):
+        self.chat = chat
+        self.failures = FailureCounter() if failures is None else failures
+
+    def _count_request_failure(self) -> None:
+        self.failures.parsed += 1
+        self.failures.by_reason[REQUEST_FAILED] += 1
+
+    def judge(self, requests: Sequence[JudgeRequest], max_items: int) -> Verdicts:
+        return self.chat.http.run_sync(self.ajudge(requests, max_items))
+
+
+class RolloutLLMJudge(_LLMJudge):
+    """One chat call per rollout with every rubric item (module docstring); `fmt` is e.g. `srar_format()`."""
+
+    def __init__(self, chat: ChatClient, fmt: RolloutFormat, failures: Optional[FailureCounter] = None):
+        super().__init__(chat, failures)
+        self.fmt = fmt
+
+    async def _judge_one(self, request: JudgeRequest) -> RolloutVerdict:
+        try:
+            text = await self.chat.complete(self.fmt.messages(request), self._schema(request))
+        except RequestFailed as error:
+            self._count_request_failure()
+            return _request_failure(error)
+        result = self.fmt.parse(text, request)
+        if not self.failures.record(result):
+            return RolloutVerdict.failure(result.reason, result.detail)
+        steps = result.values.get("step_k")
+        return RolloutVerdict(
+            satisfied=tuple(result.values["satisfied_k"].tolist()),
+            item_step=None if steps is None else tuple(steps.tolist()),
+        )
+
+    def _schema(self, request: JudgeRequest) -> Optional[dict]:
+        return self.fmt.schema(request) if self.chat.settings.json_schema else None
+
+    async def ajudge(self, requests: Sequence[JudgeRequest], max_items: int) -> Verdicts:
+        check_requests(requests, max_items)
+        for request in requests:
+            self.fmt.messages(request)  # a misconfigured request (e.g. no grounding) raises before any call
+        verdicts = await asyncio.gather(*(self._judge_one(r) for r in requests))
+        return Verdicts.from_rollouts(verdicts, max_items)
+
+
+class CriterionLLMJudge(_LLMJudge):
+    """One chat call per (rollout, criterion) (module docstring); `fmt` is e.g. `rating_format()`."""
+
+    def __init__(self, chat: ChatClient, fmt: CriterionFormat, failures: Optional[FailureCounter] = None):
+        super().__init__(chat, failures)
+        self.fmt = fmt
+
+    async def _rate(self, request: JudgeRequest, k: int) -> float:
+        schema = self.fmt.schema() if self.chat.settings.json_schema else None
+        text = await self.chat.complete(self.fmt.messages(request, k), schema)
+        result = self.fmt.parse(text)
+        self.failures.record(result)
+        return float(result.values["rating"]) if result.ok else 0.0
+
+    async def _judge_one(self, request: JudgeRequest) -> RolloutVerdict:
+        ratings = await asyncio.gather(
+            *(self._rate(request, k) for k in range(len(request.rubric.criteria))), return_exceptions=True
+        )
+        failed = [r for r in ratings if isinstance(r, BaseException)]
+        for error in failed:
+            if not isinstance(error, RequestFailed):
+                raise error
+        if failed:
+            self._count_request_failure()
+            return _request_failure(failed[0])
+        return RolloutVerdict(satisfied=tuple(ratings))
+
+    async def ajudge(self, requests: Sequence[JudgeRequest], max_items: int) -> Verdicts:
+        check_requests(requests, max_items)
+        verdicts = await asyncio.gather(*(self._judge_one(r) for r in requests))
+        return Verdicts.from_rollouts(verdicts, max_items)

@@ -1,0 +1,483 @@
+"""The SGLang engine: the /generate wire format (hand-written bodies in REFERENCE.md section 3's shapes, and
+fuzzed ones), round trips through the stand-in server against the embedded engine's own output, faults,
+weight sync and stale rollouts, the launcher; and an opt-in run of the same checks against a real SGLang server
+(marker `sglang_server`)."""
+
+import asyncio
+import copy
+import dataclasses
+import importlib.util
+import math
+import os
+import socket
+import sys
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rubric_jax.inference.engine import Sample, SamplingParams, stale_samples
+from rubric_jax.inference.http import MalformedResponse, RequestFailed, RetryPolicy
+from rubric_jax.inference.sglang import (
+    SGLangEngine,
+    generate_payload,
+    launch_sglang_server,
+    parse_generate_response,
+    parse_model_info,
+    parse_weights_update,
+    sglang_launch_command,
+)
+from rubric_jax.models.safetensors_io import load_hf_checkpoint
+from rubric_jax.models.tokenizer import apply_chat_template, load_tokenizer
+from tests.inference import standin_server
+from tests.inference.standin_server import drop_connection, http_error, malformed, slow
+
+embedded_standin_module = standin_server.embedded_standin_module  # the fixtures this module uses
+embedded_standin = standin_server.embedded_standin
+
+FAST = RetryPolicy(max_attempts=3, initial_backoff_s=0.001, max_backoff_s=0.002, timeout_s=30.0)
+PROMPTS = [[5, 6, 7], [8, 9], [10, 11, 12, 13], [14]]
+GREEDY = SamplingParams(max_new_tokens=8, n=2, temperature=0.0)
+SGLANG_INSTALLED = importlib.util.find_spec("sglang") is not None
+
+
+def sglang_sample(output_ids, logprobs, finish_reason, version="v0", text="", completion_tokens=None):
+    """One sample object as SGLang 0.5.23 answers it."""
+    return {
+        "text": text,
+        "output_ids": list(output_ids),
+        "meta_info": {
+            "id": "rid",
+            "finish_reason": finish_reason,
+            "prompt_tokens": 3,
+            "weight_version": version,
+            "completion_tokens": len(output_ids) if completion_tokens is None else completion_tokens,
+            "cached_tokens": 0,
+            "output_token_logprobs": [[lp, i, None] for lp, i in zip(logprobs, output_ids)],
+        },
+    }
+
+
+# Two prompts, n = 2: EOS included on stop, a stop string, a length finish, an abort before any token.
+BODY = [
+    sglang_sample([11, 12, 2], [-0.5, -1.25, -0.125], {"type": "stop", "matched": 2}, text="ab"),
+    sglang_sample([13, 14], [-2.0, -0.0], {"type": "stop", "matched": "###"}, text="c"),
+    sglang_sample([15, 16, 17, 18], [-1.0, -1.0, -3.5, -0.75], {"type": "length", "length": 4}),
+    {"text": "", "output_ids": [], "meta_info": {"id": "rid", "weight_version": "v0", "completion_tokens": 0,
+                                                  "finish_reason": {"type": "abort", "message": "aborted"}}},
+]
+BODY_PARAMS = SamplingParams(max_new_tokens=4, n=2)
+
+
+def body_with(index, edit):
+    """BODY with `edit(sample)` applied to a deep copy of sample `index`."""
+    body = copy.deepcopy(BODY)
+    edit(body[index])
+    return body
+
+
+# ------------------------------------------------------------------------------------------- wire format
+
+
+def test_generate_payload_is_sglangs_batched_request():
+    params = SamplingParams(max_new_tokens=16, n=4, temperature=0.7, top_p=0.9, top_k=20, stop=("###",),
+                            stop_token_ids=(7,), seed=3)
+    payload = generate_payload([[1, 2], [3]], params, extra_stop_token_ids=(2, 7), cache_key="v3")
+    assert payload == {
+        "input_ids": [[1, 2], [3]],
+        "sampling_params": {"max_new_tokens": 16, "n": 4, "temperature": 0.7, "top_p": 0.9, "top_k": 20,
+                            "stop": ["###"], "stop_token_ids": [7, 2], "sampling_seed": 3},
+        "return_logprob": True,
+        "logprob_start_len": -1,
+        "extra_key": "v3",
+    }
+    plain = generate_payload([[1]], SamplingParams(max_new_tokens=2))
+    assert "extra_key" not in plain and "stop_token_ids" not in plain["sampling_params"]
+
+
+def test_parse_generate_response_hand_written():
+    samples = parse_generate_response(BODY, num_prompts=2, params=BODY_PARAMS, first_prompt_index=4)
+    assert samples == [
+        Sample(4, (11, 12, 2), (-0.5, -1.25, -0.125), "stop", 2, "v0", "ab"),
+        Sample(4, (13, 14), (-2.0, -0.0), "stop", "###", "v0", "c"),
+        Sample(5, (15, 16, 17, 18), (-1.0, -1.0, -3.5, -0.75), "length", None, "v0", ""),
+        Sample(5, (), (), "abort", None, "v0", ""),
+    ]
+
+
+def _set(path, value):
+    def edit(sample):
+        target = sample
+        for key in path[:-1]:
+            target = target[key]
+        target[path[-1]] = value
+    return edit
+
+
+def _delete(path):
+    def edit(sample):
+        target = sample
+        for key in path[:-1]:
+            target = target[key]
+        del target[path[-1]]
+    return edit
+
+
+@pytest.mark.parametrize("body, why", [
+    ({"text": "a"}, "an object instead of a list"),
+    (BODY[:3], "one sample missing"),
+    (BODY + BODY[:2], "too many samples"),
+    (body_with(0, _set(("output_ids",), [11, 12, True])), "a bool token id"),
+    (body_with(0, _set(("output_ids",), [11, -12, 2])), "a negative token id"),
+    (body_with(0, _set(("output_ids",), "11 12 2")), "output_ids a string"),
+    (body_with(2, _set(("output_ids",), [15, 16, 17, 18, 19])), "more than max_new_tokens"),
+    (body_with(0, _delete(("meta_info",))), "no meta_info"),
+    (body_with(0, _delete(("meta_info", "weight_version"))), "no weight_version"),
+    (body_with(0, _set(("meta_info", "weight_version"), 3)), "a numeric weight_version"),
+    (body_with(0, _set(("meta_info", "completion_tokens"), 2)), "completion_tokens disagrees"),
+    (body_with(0, _set(("meta_info", "finish_reason"), "stop")), "finish_reason a string"),
+    (body_with(0, _set(("meta_info", "finish_reason"), {"type": "eos"})), "unknown finish type"),
+    (body_with(0, _set(("meta_info", "finish_reason"), {"type": "stop", "matched": 12})), "matched not last"),
+    (body_with(0, _set(("meta_info", "finish_reason"), {"type": "stop", "matched": [2]})), "matched a list"),
+    (body_with(2, _set(("meta_info", "finish_reason"), {"type": "length"})), "length without length"),
+    (body_with(0, _delete(("meta_info", "output_token_logprobs"))), "no logprobs"),
+    (body_with(0, _set(("meta_info", "output_token_logprobs", 1), [-1.25, 99, None])), "logprob for another id"),
+    (body_with(0, _set(("meta_info", "output_token_logprobs", 1), [-1.25])), "entry without id"),
+    (body_with(0, _set(("meta_info", "output_token_logprobs", 1), [0.5, 12, None])), "positive logprob"),
+    (body_with(0, _set(("meta_info", "output_token_logprobs", 1), [math.nan, 12, None])), "NaN logprob"),
+    (body_with(0, _set(("meta_info", "output_token_logprobs", 1), ["-1", 12, None])), "logprob a string"),
+    (body_with(0, _set(("meta_info", "output_token_logprobs"), [[-0.5, 11, None]])), "too few logprobs"),
+    (body_with(0, _set(("text",), ["ab"])), "text a list"),
+])
+def test_malformed_generate_bodies_are_rejected(body, why):
+    with pytest.raises(MalformedResponse):
+        parse_generate_response(body, num_prompts=2, params=BODY_PARAMS)
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-5, 40) | st.integers() | st.floats() | st.text(max_size=4),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=6), children, max_size=4),
+    max_leaves=12,
+)
+
+
+def _paths(value, prefix=()):
+    """Every path into a JSON value (keys and list indices)."""
+    yield prefix
+    if isinstance(value, dict):
+        for key, child in value.items():
+            yield from _paths(child, prefix + (key,))
+    elif isinstance(value, list):
+        for index, child in enumerate(value):
+            yield from _paths(child, prefix + (index,))
+
+
+@settings(max_examples=400)
+@given(data=st.data())
+def test_fuzzed_generate_bodies_parse_or_raise_malformed(data):
+    body = copy.deepcopy(BODY)
+    for _ in range(data.draw(st.integers(1, 3))):
+        path = data.draw(st.sampled_from(list(_paths(body))))
+        replacement = data.draw(JSON)
+        if not path:
+            body = replacement
+            continue
+        parent = body
+        for key in path[:-1]:
+            parent = parent[key]
+        if data.draw(st.booleans()) and isinstance(parent, dict):
+            del parent[path[-1]]
+        else:
+            parent[path[-1]] = replacement
+    try:
+        samples = parse_generate_response(body, num_prompts=2, params=BODY_PARAMS)
+    except MalformedResponse:
+        return
+    assert len(samples) == 4
+    for sample in samples:
+        assert len(sample.output_ids) == len(sample.logprobs) <= BODY_PARAMS.max_new_tokens
+        assert all(math.isfinite(lp) for lp in sample.logprobs)
+
+
+def test_parse_weights_update_and_model_info():
+    assert parse_weights_update({"success": True, "message": "ok", "num_paused_requests": 0}) == "ok"
+    assert parse_weights_update({"success": True, "message": "ok"}) == "ok"  # older servers
+    with pytest.raises(RuntimeError, match="disk full"):
+        parse_weights_update({"success": False, "message": "disk full"})
+    for body in ({"success": "yes", "message": "ok"}, {"success": True}, [], None):
+        with pytest.raises(MalformedResponse):
+            parse_weights_update(body)
+    assert parse_model_info({"model_path": "m", "weight_version": "default"}) == "default"
+    with pytest.raises(MalformedResponse):
+        parse_model_info({"model_path": "m"})
+
+
+# ------------------------------------------------------------------------------------ through the stand-in
+
+
+def make_engine(server, tmp_path=None, **kwargs):
+    kwargs.setdefault("retry", FAST)
+    return SGLangEngine(server.base_url, tokenizer=server.tokenizer, weight_dir=tmp_path, **kwargs)
+
+
+@pytest.mark.parametrize("params", [
+    GREEDY,
+    SamplingParams(max_new_tokens=8, n=2, temperature=1.0, top_k=20, seed=5),
+    SamplingParams(max_new_tokens=8, n=1, temperature=0.0, stop=("!",)),
+])
+def test_round_trip_equals_the_embedded_engine(embedded_standin, params):
+    with make_engine(embedded_standin, max_prompts_per_request=len(PROMPTS)) as engine:
+        assert engine.weight_version == "0"  # read from /model_info
+        remote = engine.generate(PROMPTS, params)
+    local = embedded_standin.engine.generate(PROMPTS, params)
+    assert remote == local  # ids, logprobs (exact through JSON), finish reasons, versions, text
+    assert [s.prompt_index for s in remote] == [p for p in range(len(PROMPTS)) for _ in range(params.n)]
+    assert embedded_standin.requests["/generate"] == 1
+
+
+def test_stop_token_is_included_like_sglang(embedded_standin):
+    with make_engine(embedded_standin, max_prompts_per_request=len(PROMPTS)) as engine:
+        free = engine.generate(PROMPTS, GREEDY)
+        stop_id = free[0].output_ids[2]
+        stopped = engine.generate(PROMPTS, dataclasses.replace(GREEDY, stop_token_ids=(stop_id,)))
+    first = free[0].output_ids.index(stop_id)
+    assert stopped[0].output_ids == free[0].output_ids[:first + 1]  # the stop token is the last one kept
+    assert (stopped[0].finish_reason, stopped[0].matched_stop) == ("stop", stop_id)
+    assert stopped[0].logprobs == free[0].logprobs[:first + 1]
+    assert stopped == embedded_standin.engine.generate(PROMPTS, dataclasses.replace(GREEDY, stop_token_ids=(stop_id,)))
+
+
+def test_big_calls_are_split_into_bounded_requests(embedded_standin):
+    prompts = PROMPTS + [[15, 16], [17, 18, 19]]
+    with make_engine(embedded_standin, max_prompts_per_request=2, max_in_flight=2) as engine:
+        remote = engine.generate(prompts, GREEDY)
+    assert embedded_standin.requests["/generate"] == 3
+    assert embedded_standin.max_concurrent <= 2
+    assert [s.prompt_index for s in remote] == [p for p in range(len(prompts)) for _ in range(GREEDY.n)]
+    local = [dataclasses.replace(s, prompt_index=start + s.prompt_index)  # the same three batches, in order
+             for start in range(0, len(prompts), 2)
+             for s in embedded_standin.engine.generate(prompts[start:start + 2], GREEDY)]
+    assert remote == local
+
+
+def test_chat_prompts_are_rendered_by_the_tokenizer(embedded_standin):
+    messages = [{"role": "user", "content": "what is two plus two?"}]
+    ids = apply_chat_template(embedded_standin.tokenizer, messages)
+    with make_engine(embedded_standin) as engine:
+        assert engine.generate([messages], GREEDY) == engine.generate([ids], GREEDY)
+    with SGLangEngine(embedded_standin.base_url, retry=FAST) as bare:
+        with pytest.raises(ValueError, match="tokenizer"):
+            bare.generate([messages], GREEDY)
+
+
+def test_empty_call_sends_nothing(embedded_standin):
+    with make_engine(embedded_standin) as engine:
+        assert engine.generate([], GREEDY) == []
+    assert embedded_standin.requests["/generate"] == 0
+
+
+def test_engine_survives_faults_on_generate(embedded_standin):
+    expected = embedded_standin.engine.generate(PROMPTS[:2], GREEDY)
+    embedded_standin.inject(
+        http_error(500, "/generate"),
+        malformed(b"[]", "/generate"),  # JSON, but not the promised samples
+        drop_connection("/generate"),
+    )
+    with make_engine(embedded_standin, max_prompts_per_request=2, retry=dataclasses.replace(FAST, max_attempts=4)
+                     ) as engine:
+        assert engine.generate(PROMPTS[:2], GREEDY) == expected
+        assert engine.client.stats.errors_by_reason == {"http_500": 1, "malformed": 1, "connection": 1}
+        assert engine.client.stats.retries == 3
+
+
+def test_engine_times_out_a_slow_server_and_retries(embedded_standin):
+    expected = embedded_standin.engine.generate(PROMPTS[:2], GREEDY)
+    embedded_standin.inject(slow(3.0, "/generate"))
+    policy = RetryPolicy(max_attempts=2, initial_backoff_s=0.001, max_backoff_s=0.001, timeout_s=1.0)
+    with make_engine(embedded_standin, retry=policy) as engine:
+        assert engine.generate(PROMPTS[:2], GREEDY) == expected
+        assert engine.client.stats.errors_by_reason == {"timeout": 1}
+
+
+def test_engine_gives_up_after_max_attempts(embedded_standin):
+    embedded_standin.inject(*[http_error(503, "/generate")] * 3)
+    with make_engine(embedded_standin) as engine:
+        with pytest.raises(RequestFailed) as failure:
+            engine.generate(PROMPTS[:2], GREEDY)
+        assert (failure.value.path, failure.value.reason, failure.value.attempts) == ("/generate", "http_503", 3)
+        assert (engine.client.stats.failures, engine.client.stats.errors_by_reason) == (1, {"http_503": 3})
+    assert embedded_standin.requests["/generate"] == 3
+
+
+def test_a_failed_request_cancels_the_calls_other_requests(embedded_standin):
+    embedded_standin.inject(http_error(400, "/generate"))  # answered at once; the others wait out the latency
+    embedded_standin.latency_s = 30.0
+    with make_engine(embedded_standin, max_prompts_per_request=2) as engine:
+        with pytest.raises(RequestFailed, match="http_400"):
+            engine.generate(PROMPTS, GREEDY)
+
+        async def tasks_left():
+            for _ in range(20):  # let the cancellations run
+                await asyncio.sleep(0)
+            return [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+
+        assert engine.client.run_sync(tasks_left()) == []  # not left waiting for their answers
+        assert engine.client.stats.requests == 1 + 2  # /model_info, then two /generate
+
+
+def test_constructor_waits_for_health(embedded_standin):
+    embedded_standin.inject(http_error(503, "/health"), http_error(500, "/health"))
+    with make_engine(embedded_standin) as engine:
+        assert engine.weight_version == "0"
+    assert embedded_standin.requests["/health"] == 3
+    embedded_standin.inject(*[http_error(503, "/health")] * 1000)
+    with pytest.raises(TimeoutError, match="http_503"):
+        make_engine(embedded_standin, health_timeout_s=0.3)
+
+
+def negated_embeddings(model_dir):
+    """The tiny model with its (tied) embedding negated: other logits, the same shapes."""
+    model = load_hf_checkpoint(model_dir)
+    model.embed_tokens.embedding.set_value(-model.embed_tokens.embedding.get_value())
+    return model
+
+
+def test_weight_sync_changes_version_and_outputs(embedded_standin, tmp_path):
+    new_model = negated_embeddings(embedded_standin.model_path)
+    with make_engine(embedded_standin, tmp_path, max_prompts_per_request=len(PROMPTS)) as engine:
+        before = engine.generate(PROMPTS, GREEDY)
+        engine.update_weights(new_model, "step-1")
+        assert engine.weight_version == embedded_standin.engine.weight_version == "step-1"
+        assert (tmp_path / "step-1" / "config.json").is_file()
+        after = engine.generate(PROMPTS, GREEDY)
+        assert {s.weight_version for s in before} == {"0"} and {s.weight_version for s in after} == {"step-1"}
+        assert [s.output_ids for s in after] != [s.output_ids for s in before]
+        assert after == embedded_standin.engine.generate(PROMPTS, GREEDY)  # the server serves the new weights
+        engine.update_weights(new_model, "step-2")
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["step-2"]  # older versions are deleted
+    assert embedded_standin.requests["/update_weights_from_disk"] == 2
+
+
+def test_rollouts_in_flight_during_a_weight_update_are_stale(embedded_standin, tmp_path):
+    new_model = negated_embeddings(embedded_standin.model_path)
+    embedded_standin.latency_s = 0.5  # answers wait after generation: the update lands while /generate runs
+    with make_engine(embedded_standin, tmp_path, max_prompts_per_request=len(PROMPTS)) as engine:
+
+        async def update_while_generating():
+            rollout = asyncio.ensure_future(engine.agenerate(PROMPTS, GREEDY))
+            while embedded_standin.generations_started < 1:
+                await asyncio.sleep(0.01)
+            # The server refuses to flush its cache while /generate runs: this passes only with flush_cache False.
+            await asyncio.to_thread(engine.update_weights, new_model, "1")
+            return await rollout
+
+        samples = asyncio.run(update_while_generating())
+        assert engine.weight_version == "1"
+        assert stale_samples(samples, engine.weight_version) == list(range(len(PROMPTS) * GREEDY.n))
+        fresh = engine.generate(PROMPTS, GREEDY)
+        assert stale_samples(fresh, engine.weight_version) == []
+        assert stale_samples(samples + fresh, engine.weight_version) == list(range(len(samples)))
+
+
+def test_bad_weight_path_is_a_400_not_retried(embedded_standin, tmp_path):
+    with make_engine(embedded_standin) as engine:
+        payload = {"model_path": str(tmp_path / "missing"), "weight_version": "x", "flush_cache": False}
+        with pytest.raises(RequestFailed) as failure:
+            engine.client.run_sync(engine.client.post_json("/update_weights_from_disk", payload, parse_weights_update))
+        assert (failure.value.reason, failure.value.attempts) == ("http_400", 1)
+        assert '"success": false' in failure.value.detail
+        assert engine.weight_version == embedded_standin.engine.weight_version == "0"
+
+
+def test_update_weights_rejects_bad_arguments(embedded_standin, tmp_path):
+    model = load_hf_checkpoint(embedded_standin.model_path)
+    with make_engine(embedded_standin) as engine:
+        with pytest.raises(ValueError, match="weight_dir"):
+            engine.update_weights(model, "1")
+    with make_engine(embedded_standin, tmp_path) as engine:
+        for version in ("", "..", "a/b", 3):
+            with pytest.raises(ValueError, match="version"):
+                engine.update_weights(model, version)
+    assert embedded_standin.requests["/update_weights_from_disk"] == 0
+
+
+@pytest.mark.parametrize("kwargs, field", [(dict(max_prompts_per_request=0), "max_prompts_per_request"),
+                                           (dict(eos_token_ids=(-1,)), "eos_token_ids")])
+def test_engine_rejects_bad_arguments(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        SGLangEngine("http://127.0.0.1:1", health_timeout_s=None, **kwargs)
+
+
+# ----------------------------------------------------------------------------------------------- launcher
+
+
+def test_launch_command():
+    assert sglang_launch_command("/models/qwen", python="python3") == [
+        "python3", "-m", "sglang.launch_server", "--model-path", "/models/qwen", "--host", "127.0.0.1",
+        "--port", "30000", "--tp-size", "1"]
+    command = sglang_launch_command("/m", host="0.0.0.0", port=8000, tp=4, extra_args=("--dtype", "bfloat16"))
+    assert command[0] == sys.executable and command[-6:] == ["--port", "8000", "--tp-size", "4", "--dtype", "bfloat16"]
+    for kwargs, field in [(dict(port=0), "port"), (dict(port=70000), "port"), (dict(tp=0), "tp"),
+                          (dict(host=""), "host"), (dict(extra_args="--dtype bf16"), "extra_args")]:
+        with pytest.raises(ValueError, match=field):
+            sglang_launch_command("/m", **kwargs)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.mark.skipif(SGLANG_INSTALLED, reason="checks the failure path where sglang is missing")
+def test_launcher_reports_a_server_that_exits(tmp_path):
+    with pytest.raises(RuntimeError, match="exited with code 1") as failure:
+        launch_sglang_server(tmp_path, port=free_port(), health_timeout_s=60, log_path=tmp_path / "server.log")
+    assert "sglang" in str(failure.value)  # the log's tail: No module named sglang
+
+
+# -------------------------------------------------------------------------------------- real SGLang server
+
+
+@pytest.fixture(scope="module")
+def real_server():
+    """A real SGLang server: RUBRIC_JAX_SGLANG_URL (already running; RUBRIC_JAX_SGLANG_MODEL_DIR names the model
+    it serves, for the weight-sync check), or one launched on RUBRIC_JAX_SGLANG_MODEL_DIR."""
+    url, model_dir = os.environ.get("RUBRIC_JAX_SGLANG_URL"), os.environ.get("RUBRIC_JAX_SGLANG_MODEL_DIR")
+    if not SGLANG_INSTALLED or not (url or model_dir):
+        pytest.skip("needs sglang and RUBRIC_JAX_SGLANG_URL or RUBRIC_JAX_SGLANG_MODEL_DIR")
+    if url:
+        yield url, model_dir
+        return
+    with launch_sglang_server(model_dir, port=free_port(), extra_args=("--mem-fraction-static", "0.5")) as server:
+        yield server.base_url, model_dir
+
+
+@pytest.mark.sglang_server
+def test_real_server_shapes_and_stops(real_server):
+    url, model_dir = real_server
+    tokenizer = load_tokenizer(model_dir) if model_dir else None
+    eos = () if tokenizer is None else (tokenizer.eos_token_id,)
+    with SGLangEngine(url, tokenizer=tokenizer, eos_token_ids=eos, max_prompts_per_request=2) as engine:
+        params = SamplingParams(max_new_tokens=32, n=3, temperature=1.0)
+        samples = engine.generate(PROMPTS, params)  # every body passed parse_generate_response's checks
+        assert [s.prompt_index for s in samples] == [p for p in range(len(PROMPTS)) for _ in range(3)]
+        assert {s.weight_version for s in samples} == {engine.weight_version}
+        greedy = dataclasses.replace(GREEDY, max_new_tokens=16)
+        first = engine.generate(PROMPTS, greedy)
+        stop_id = first[0].output_ids[1]
+        stopped = engine.generate(PROMPTS[:1], dataclasses.replace(greedy, n=1, stop_token_ids=(stop_id,)))
+        assert stopped[0].output_ids[-1] == stop_id and stopped[0].finish_reason == "stop"
+
+
+@pytest.mark.sglang_server
+def test_real_server_weight_sync(real_server, tmp_path):
+    url, model_dir = real_server
+    if not model_dir:
+        pytest.skip("needs RUBRIC_JAX_SGLANG_MODEL_DIR (the served model) to write new weights")
+    with SGLangEngine(url, weight_dir=tmp_path) as engine:
+        old = engine.weight_version
+        engine.update_weights(load_hf_checkpoint(model_dir), "rubric-jax-sync-test")
+        assert engine.weight_version == "rubric-jax-sync-test" != old
+        samples = engine.generate(PROMPTS[:1], GREEDY)
+        assert stale_samples(samples, engine.weight_version) == []

@@ -1,0 +1,247 @@
+"""LLM judges against the chat stand-in: verdict arrays, request shape, failures counted, retries, schema fallback."""
+
+import asyncio
+import json
+
+import numpy as np
+import pytest
+
+from rubric_jax.inference.http import JsonHttpClient, MalformedResponse, RetryPolicy
+from rubric_jax.judges.base import JudgeRequest
+from rubric_jax.judges.llm import (
+    CHAT_PATH,
+    REQUEST_FAILED,
+    ChatClient,
+    ChatSettings,
+    CriterionLLMJudge,
+    RolloutLLMJudge,
+    chat_content,
+    grounded_format,
+    rating_format,
+    rlcer_verifier_format,
+    srar_format,
+)
+from rubric_jax.rubrics.schema import Criterion, ItemKind, Rubric
+from tests.inference.standin_server import StandinServer, http_error
+
+FAST_RETRY = RetryPolicy(max_attempts=3, initial_backoff_s=0.01, max_backoff_s=0.02, timeout_s=10.0)
+
+SRAR_RUBRIC = Rubric(
+    criteria=(
+        Criterion("Sets up the equation", kind=ItemKind.SUGGEST),
+        Criterion("Drops a sign", kind=ItemKind.PITFALL),
+        Criterion("Final answer is 7", kind=ItemKind.ANSWER),
+    ),
+    format="srar",
+)
+
+
+def srar_request(response: str) -> JudgeRequest:
+    return JudgeRequest(question="Solve x - 3 = 4.", response=response, rubric=SRAR_RUBRIC, num_steps=2)
+
+
+def srar_answer(entries) -> str:
+    return json.dumps([{"id": i + 1, "satisfied": s, "step": k} for i, (s, k) in enumerate(entries)])
+
+
+def user_text(messages) -> str:
+    return "\n".join(m["content"] for m in messages)
+
+
+@pytest.fixture
+def server():
+    with StandinServer() as server:
+        yield server
+
+
+@pytest.fixture
+def make_judge():
+    """make_judge(server, judge class, format, **settings): a judge on its own client, closed after the test."""
+    clients = []
+
+    def make(server, judge_cls, fmt, **settings):
+        clients.append(JsonHttpClient(server.base_url, retry=FAST_RETRY, max_in_flight=8, seed=0))
+        return judge_cls(ChatClient(clients[-1], ChatSettings(model="judge", **settings)), fmt)
+
+    yield make
+    for client in clients:
+        client.close()
+
+
+def test_srar_judge_verdicts_and_request_shape(server, make_judge):
+    answers = {
+        "ALPHA": srar_answer([(True, 1), (False, 2), (True, 0)]),
+        "BETA": srar_answer([(False, -1), (True, 2), (False, 9)]),  # step 9 > num_steps reads as 0
+    }
+    server.responder = lambda messages: next(a for key, a in answers.items() if key in user_text(messages))
+    judge = make_judge(server, RolloutLLMJudge, srar_format())
+    verdicts = judge.judge([srar_request("### Step 1: ALPHA \\boxed{7}"), srar_request("BETA")], max_items=4)
+
+    np.testing.assert_array_equal(verdicts.satisfied_bk, [[1, 0, 1, 0], [0, 1, 0, 0]])
+    np.testing.assert_array_equal(verdicts.item_step_bk, [[1, 2, 0, -1], [-1, 2, 0, -1]])
+    assert not verdicts.failed_b.any() and judge.failures.failed == 0 and judge.failures.parsed == 2
+
+    body = server.chat_requests[0]
+    assert body["model"] == "judge" and body["temperature"] == 0.0
+    schema = body["response_format"]["json_schema"]["schema"]
+    assert body["response_format"]["type"] == "json_schema" and schema["minItems"] == schema["maxItems"] == 3
+    first = next(b for b in server.chat_requests if "ALPHA" in user_text(b["messages"]))
+    assert "<final_answer>\n7\n</final_answer>" in user_text(first["messages"])  # the extracted \boxed{} answer
+
+
+def test_unparsable_output_fails_only_that_rollout_and_is_counted(server, make_judge):
+    server.responder = lambda m: "I think it is fine." if "BAD" in user_text(m) else srar_answer([(True, 1)] * 3)
+    judge = make_judge(server, RolloutLLMJudge, srar_format())
+    verdicts = judge.judge([srar_request("GOOD"), srar_request("BAD"), srar_request("GOOD")], max_items=3)
+    assert verdicts.failed_b.tolist() == [False, True, False]
+    assert verdicts.reasons[1] == "no_json"
+    np.testing.assert_array_equal(verdicts.satisfied_bk[1], 0)
+    np.testing.assert_array_equal(verdicts.item_step_bk[1], -1)
+    assert judge.failures.by_reason == {"no_json": 1} and judge.failures.parsed == 3
+
+
+def test_transient_server_errors_are_retried(server, make_judge):
+    server.responder = lambda m: srar_answer([(True, 1)] * 3)
+    server.inject(http_error(503, CHAT_PATH), http_error(500, CHAT_PATH))
+    judge = make_judge(server, RolloutLLMJudge, srar_format())
+    verdicts = judge.judge([srar_request("x")], max_items=3)
+    assert not verdicts.failed_b.any()
+    stats = judge.chat.http.stats
+    assert stats.retries == 2 and stats.errors_by_reason == {"http_503": 1, "http_500": 1}
+
+
+def test_a_request_out_of_retries_fails_the_rollout_not_the_run(server, make_judge):
+    server.responder = lambda m: srar_answer([(True, 1)] * 3)
+    server.inject(*[http_error(502, CHAT_PATH)] * FAST_RETRY.max_attempts)
+    judge = make_judge(server, RolloutLLMJudge, srar_format(), json_schema=False)
+    verdicts = judge.judge([srar_request("x")], max_items=3)
+    assert verdicts.failed_b.tolist() == [True] and verdicts.reasons == (REQUEST_FAILED,)
+    assert "http_502" in verdicts.details[0]
+    assert judge.failures.by_reason == {REQUEST_FAILED: 1} and judge.chat.http.stats.failures == 1
+
+
+def test_schema_rejected_by_the_server_is_dropped_after_a_successful_retry(server, make_judge):
+    server.responder = lambda m: srar_answer([(False, 0)] * 3)
+    server.inject(http_error(400, CHAT_PATH))
+    judge = make_judge(server, RolloutLLMJudge, srar_format())
+    assert not judge.judge([srar_request("x")], max_items=3).failed_b.any()
+    assert not judge.chat.schemas_accepted and judge.chat.schema_rejections == 1
+    judge.judge([srar_request("y")], max_items=3)
+    assert ["response_format" in b for b in server.chat_requests] == [False, False]  # the 400 was not recorded
+
+
+def test_a_4xx_that_is_not_the_schemas_fault_keeps_schemas_on(server, make_judge):
+    server.responder = lambda m: srar_answer([(False, 0)] * 3)
+    server.inject(http_error(400, CHAT_PATH), http_error(400, CHAT_PATH))
+    judge = make_judge(server, RolloutLLMJudge, srar_format())
+    verdicts = judge.judge([srar_request("x")], max_items=3)
+    assert verdicts.reasons == (REQUEST_FAILED,)
+    assert judge.chat.schemas_accepted and judge.chat.schema_rejections == 0
+
+
+def test_rollouts_are_judged_concurrently(server, make_judge):
+    server.responder = lambda m: srar_answer([(True, 1)] * 3)
+    server.latency_s = 0.2
+    judge = make_judge(server, RolloutLLMJudge, srar_format())
+    judge.judge([srar_request(f"r{i}") for i in range(8)], max_items=3)
+    assert server.max_concurrent == 8
+
+
+def test_grounded_judge_scores_fractions_and_needs_the_grounding(server, make_judge):
+    rubric = Rubric(
+        criteria=(Criterion("Names the enzyme", weight=2.0), Criterion("Gives the rate", weight=0.5)),
+        format="rubric_grounded",
+    )
+    server.responder = lambda m: json.dumps({"scores": {"c_1": 1.0, "c_2": 0.5}, "total": 1.5, "max_total": 2.5,
+                                             "reasoning": "partly"})
+    judge = make_judge(server, RolloutLLMJudge, grounded_format())
+    request = JudgeRequest(question="q", response="r", rubric=rubric, reference="The enzyme is lactase.")
+    verdicts = judge.judge([request], max_items=2)
+    np.testing.assert_allclose(verdicts.satisfied_bk, [[0.5, 1.0]])
+    assert "The enzyme is lactase." in user_text(server.chat_requests[0]["messages"])
+    with pytest.raises(ValueError, match="grounding"):
+        judge.judge([JudgeRequest(question="q", response="r", rubric=rubric)], max_items=2)
+    assert len(server.chat_requests) == 1  # the misconfigured batch made no call
+
+
+def test_rlcer_verifier_judges_every_rubric_in_one_call(server, make_judge):
+    rubric = Rubric(criteria=(Criterion("Checks the units", weight=3.0), Criterion("Guesses", weight=-2.0)),
+                    format="rlcer")
+    server.responder = lambda m: json.dumps({"judgement": [True, False], "final_score": 3})
+    judge = make_judge(server, RolloutLLMJudge, rlcer_verifier_format())
+    verdicts = judge.judge([JudgeRequest(question="q", response="r", rubric=rubric)] * 3, max_items=2)
+    np.testing.assert_array_equal(verdicts.satisfied_bk, [[1, 0]] * 3)
+    assert len(server.chat_requests) == 3
+
+
+def test_criterion_judge_one_call_per_criterion_and_unparsable_rating_scores_zero(server, make_judge):
+    rubric = Rubric(
+        criteria=(
+            Criterion("States 42", weight=2.0, kind=ItemKind.FACTUAL),
+            Criterion("Explains the method", weight=1.0, kind=ItemKind.PROCESS),
+            Criterion("Cites the source", weight=1.0, kind=ItemKind.PROCESS),
+        ),
+        format="rgr",
+    )
+
+    def responder(messages):
+        text = user_text(messages)
+        if "States 42" in text:
+            return '{"rating": 1}'
+        if "Explains the method" in text:
+            return '{"rating": 7}'  # out of bounds: the criterion scores 0, counted
+        return "```json\n{\"rating\": 1}\n```"
+
+    server.responder = responder
+    judge = make_judge(server, CriterionLLMJudge, rating_format())
+    verdicts = judge.judge([JudgeRequest(question="q", response="r", rubric=rubric)], max_items=4)
+    np.testing.assert_array_equal(verdicts.satisfied_bk, [[1, 0, 1, 0]])
+    assert not verdicts.failed_b.any()
+    assert len(server.chat_requests) == 3
+    assert judge.failures.by_reason == {"out_of_bounds": 1} and judge.failures.parsed == 3
+    assert all(b["response_format"]["json_schema"]["schema"]["required"] == ["rating"] for b in server.chat_requests)
+
+
+def test_criterion_judge_request_failure_fails_the_rollout(server, make_judge):
+    rubric = Rubric(criteria=(Criterion("a", kind=ItemKind.FACTUAL), Criterion("b", kind=ItemKind.PROCESS)),
+                    format="rgr")
+
+    def responder(messages):
+        if "BROKEN" in user_text(messages) and "<criterion>\nb\n</criterion>" in user_text(messages):
+            raise RuntimeError("the server breaks on this one")  # the stand-in answers 500, every attempt
+        return '{"rating": 1}'
+
+    server.responder = responder
+    judge = make_judge(server, CriterionLLMJudge, rating_format())
+    requests = [JudgeRequest(question="q", response=r, rubric=rubric) for r in ("fine", "BROKEN")]
+    verdicts = judge.judge(requests, max_items=2)
+    assert verdicts.reasons == ("", REQUEST_FAILED) and "http_500" in verdicts.details[1]
+    np.testing.assert_array_equal(verdicts.satisfied_bk, [[1, 1], [0, 0]])
+    assert judge.failures.by_reason == {REQUEST_FAILED: 1}
+
+
+@pytest.mark.parametrize(
+    "body",
+    [None, [], {}, {"choices": []}, {"choices": [{"message": {"content": None}}]}, {"choices": [{"message": "hi"}]}],
+)
+def test_chat_content_rejects_malformed_bodies(body):
+    with pytest.raises(MalformedResponse):
+        chat_content(body)
+
+
+def test_settings_validation():
+    for bad in (dict(model=""), dict(model="m", temperature=-0.1), dict(model="m", temperature=float("nan")),
+                dict(model="m", max_tokens=0)):
+        with pytest.raises(ValueError):
+            ChatSettings(**bad)
+
+
+def test_async_judging_from_a_running_loop(server, make_judge):
+    server.responder = lambda m: srar_answer([(True, 2)] * 3)
+    judge = make_judge(server, RolloutLLMJudge, srar_format())
+
+    async def main():
+        return await judge.ajudge([srar_request("a"), srar_request("b")], max_items=3)
+
+    verdicts = asyncio.run(main())
+    np.testing.assert_array_equal(verdicts.item_step_bk, [[2, 2, 2]] * 2)
