@@ -1,8 +1,9 @@
-"""Throughput of the judge's HTTP client (`rubric_jax.inference.http.JsonHttpClient`) against the stand-in server.
+"""Throughput of the LLM judge's chat client (`rubric_jax.judges.llm.ChatClient` on the `JsonHttpClient`) against
+the stand-in server.
 
 The stand-in (tests/inference/standin_server.py, `serve_chat`) answers `/v1/chat/completions` with a fixed verdict
 (no model) after a fixed latency of 100 ms per request. The client, bounded to 64 requests in flight, sends 1280
-chat requests at once (20 latencies' worth) and validates every answer's shape, as the LLM judge does. The ideal
+chat requests at once (20 latencies' worth) through `ChatClient.complete`, which validates every answer's shape. The ideal
 is 64 requests per 0.1 s = 640 req/s; the ratio printed is the achieved req/s over that ideal (target >= 0.9),
 the median over several rounds after a warm-up round that opens the connections.
 
@@ -26,31 +27,15 @@ import time
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 sys.path.insert(0, ROOT)
 
-from rubric_jax.inference.http import JsonHttpClient, MalformedResponse  # noqa: E402
+from rubric_jax.inference.http import JsonHttpClient  # noqa: E402
+from rubric_jax.judges.llm import ChatClient, ChatSettings  # noqa: E402
 
 VERDICT = '{"rating": 1}'
-PAYLOAD = {
-    "model": "judge",
-    "messages": [{"role": "user", "content": "Does the response satisfy the criterion? Answer in JSON."}],
-    "temperature": 0.0,
-    "max_tokens": 16,
-}
+MESSAGES = [{"role": "user", "content": "Does the response satisfy the criterion? Answer in JSON."}]
 
 
-def chat_content(body) -> str:
-    """The first choice's message content (the judge's validator, trimmed down)."""
-    try:
-        content = body["choices"][0]["message"]["content"]
-    except (KeyError, IndexError, TypeError):
-        raise MalformedResponse("no choices[0].message.content") from None
-    if not isinstance(content, str):
-        raise MalformedResponse("content is not a string")
-    return content
-
-
-async def send_all(client: JsonHttpClient, requests: int) -> list[str]:
-    return await asyncio.gather(*(client.post_json("/v1/chat/completions", PAYLOAD, chat_content)
-                                  for _ in range(requests)))
+async def send_all(chat: ChatClient, requests: int) -> list[str]:
+    return await asyncio.gather(*(chat.complete(MESSAGES) for _ in range(requests)))
 
 
 def main() -> None:
@@ -69,13 +54,14 @@ def main() -> None:
     try:
         base_url = server.stdout.readline().strip()
         with JsonHttpClient(base_url, max_in_flight=args.in_flight) as client:
+            chat = ChatClient(client, ChatSettings(model="judge", max_tokens=16))
             print(f"stand-in at {base_url} (child process): latency {args.latency * 1e3:.0f} ms per request; "
                   f"client max_in_flight {args.in_flight}; {args.requests} requests per round; ideal {ideal:.0f} req/s")
-            client.run_sync(send_all(client, args.in_flight))  # warm-up: open the connections
+            client.run_sync(send_all(chat, args.in_flight))  # warm-up: open the connections
             ratios = []
             for round_index in range(args.rounds):
                 start = time.perf_counter()
-                answers = client.run_sync(send_all(client, args.requests))
+                answers = client.run_sync(send_all(chat, args.requests))
                 elapsed = time.perf_counter() - start
                 assert answers == [VERDICT] * args.requests
                 rate = args.requests / elapsed

@@ -4,7 +4,10 @@
    vocab 32000, hidden 512, MLP 1536, 11 layers, 8 query / 4 KV heads of 64, tied embeddings; 51.0M
    parameters), batch 4 x 256 tokens (prompt 64, response 192), float32, on the CPU:
      JAX:     `train_step.make_train_step` (chunked logprobs + entropy -> PPO clip (0.2 / 0.28) -> token mean
-              -> grads -> AdamW), jitted, on a 1-device mesh, no rematerialisation of the layers;
+              -> grads -> AdamW), jitted, on a 1-device mesh, no rematerialisation of the layers; timed twice:
+              with the default `recompute_logits=True` (the backward recomputes each chunk's logits: memory of
+              a few chunks, one more unembedding matmul) and with `recompute_logits=False` (the logits are
+              kept for the backward, the memory PyTorch's full-logits step also holds);
      PyTorch: transformers' Qwen3ForCausalLM with the same weights (loaded by `safetensors_io` from the same
               checkpoint), the same math: logits -> log_softmax -> gather (shifted targets), detached entropy,
               the same PPO clip and token mean, backward, grad norm, torch.optim.AdamW.
@@ -115,18 +118,26 @@ def throughput(args) -> None:
     mesh = sharding.make_mesh(devices=jax.devices()[:1])
     rules = sharding.partition_rules(model.config)
     optimizer = optax.adamw(LR)
-    graphdef, params, opt_state = train_step.init_train_state(model, optimizer, mesh, rules)
     loss_fn = train_step.ratio_loss(losses.ppo_clip_loss, eps_low=EPS_LOW, eps_high=EPS_HIGH)
-    step = train_step.make_train_step(graphdef, optimizer, loss_fn, mesh=mesh, abstract_params=params, rules=rules)
     device_batch = jax.device_put(batch, sharding.batch_sharding(mesh))
-    state = [params, opt_state]
 
-    def jax_step():
-        state[0], state[1], metrics = step(state[0], state[1], device_batch)
-        return metrics
+    def jax_step_fn(recompute_logits: bool):
+        graphdef, params, opt_state = train_step.init_train_state(model, optimizer, mesh, rules)
+        params = jax.tree.map(jnp.copy, params)  # each step donates its own buffers, not the model's
+        step = train_step.make_train_step(graphdef, optimizer, loss_fn, mesh=mesh, abstract_params=params,
+                                          rules=rules, recompute_logits=recompute_logits)
+        state = [params, opt_state]
 
+        def jax_step():
+            state[0], state[1], metrics = step(state[0], state[1], device_batch)
+            return metrics
+
+        return jax_step
+
+    jax_steps = {True: jax_step_fn(True), False: jax_step_fn(False)}
     torch_step = torch_step_fn(torch_model, torch.optim.AdamW(torch_model.parameters(), lr=LR, foreach=True), batch)
-    jax_metrics = jax.device_get(jax_step())
+    jax_metrics = jax.device_get(jax_steps[True]())
+    jax.block_until_ready(jax_steps[False]())
     torch_loss, torch_grad_norm, torch_entropy, torch_clip = torch_step()
     jax_loss, jax_grad_norm, jax_entropy, jax_clip = (
         float(jax_metrics[k]) for k in ("loss", "grad_norm", "entropy", "clip_fraction")
@@ -135,11 +146,14 @@ def throughput(args) -> None:
           f"{torch_grad_norm:.5f}; entropy {jax_entropy:.5f} / {torch_entropy:.5f}; "
           f"clip fraction {jax_clip:.4f} / {torch_clip:.4f}")
 
-    jax_s, torch_s, time_ratio = interleaved_times(jax_step, torch_step, args.repeats)
     tokens = args.batch * args.length
-    print(f"  jax (jit), best  {jax_s * 1e3:9.1f} ms   {tokens / jax_s:9.0f} tokens/s")
-    print(f"  pytorch, best    {torch_s * 1e3:9.1f} ms   {tokens / torch_s:9.0f} tokens/s")
-    print(f"  throughput jax / pytorch: {1 / time_ratio:.2f}x   (target >= 1.0; median of interleaved rounds)")
+    for recompute_logits, label in ((True, "recompute_logits=True (default: chunked logits recomputed)"),
+                                    (False, "recompute_logits=False (logits kept, as PyTorch keeps them)")):
+        jax_s, torch_s, time_ratio = interleaved_times(jax_steps[recompute_logits], torch_step, args.repeats)
+        print(f"  jax, {label}")
+        print(f"    jax (jit), best  {jax_s * 1e3:9.1f} ms   {tokens / jax_s:9.0f} tokens/s")
+        print(f"    pytorch, best    {torch_s * 1e3:9.1f} ms   {tokens / torch_s:9.0f} tokens/s")
+        print(f"    throughput jax / pytorch: {1 / time_ratio:.2f}x   (target >= 1.0; median of interleaved rounds)")
 
 
 def memory(args) -> None:

@@ -153,6 +153,19 @@ class Linear(nnx.Module):
         return y_nf.reshape(*x.shape[:-1], y_nf.shape[-1])
 
 
+MIN_QUERY_BLOCK = 128
+MAX_QUERY_BLOCKS = 8
+
+
+def causal_query_blocks(length: int) -> list[tuple[int, int]]:
+    """[start, stop) query blocks of a causal full-sequence attention: at most MAX_QUERY_BLOCKS blocks of at least
+    MIN_QUERY_BLOCK positions (one block below 2 * MIN_QUERY_BLOCK). Fewer, larger blocks keep the matmuls
+    efficient; more blocks skip more of the masked triangle ((n - 1) / 2n of the scores for n blocks)."""
+    num_blocks = max(1, min(MAX_QUERY_BLOCKS, length // MIN_QUERY_BLOCK))
+    bounds = [round(i * length / num_blocks) for i in range(num_blocks + 1)]
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
 class Attention(nnx.Module):
     """Grouped-query self-attention with RoPE; Qwen3 adds RMSNorm on each query and key head before RoPE."""
 
@@ -198,14 +211,36 @@ class Attention(nnx.Module):
 
         # Query head h uses key/value head h // g (transformers' repeat_kv), so h splits as (n, g).
         q_btngk = q_bthk.reshape(batch, length, self.num_kv_heads, -1, self.head_dim)
-        scores_bngts = jnp.einsum(
-            "btngk,bsnk->bngts", q_btngk, k_bsnk.astype(self.dtype), preferred_element_type=jnp.float32
+        keys_bsnk, values_bsnk = k_bsnk.astype(self.dtype), v_bsnk.astype(self.dtype)
+        if cache_kv is not None:
+            out_btngk = self._attend(q_btngk, keys_bsnk, values_bsnk, mask_bts)
+        else:
+            # Causal without a cache: the queries of block [start, stop) attend to keys [0, stop) only, which
+            # skips the masked upper blocks of the score matrix (about half of the attention's matmul work).
+            out_btngk = jnp.concatenate(
+                [
+                    self._attend(
+                        q_btngk[:, start:stop],
+                        keys_bsnk[:, :stop],
+                        values_bsnk[:, :stop],
+                        mask_bts[:, start:stop, :stop],
+                    )
+                    for start, stop in causal_query_blocks(length)
+                ],
+                axis=1,
+            )
+        return self.o_proj(out_btngk.reshape(batch, length, -1)), (k_bsnk, v_bsnk)
+
+    def _attend(self, q_btngk: jax.Array, k_bsnk: jax.Array, v_bsnk: jax.Array, mask_bts: jax.Array) -> jax.Array:
+        """softmax(q k / sqrt(hd), masked) v [B, T, KV, G, hd]; scores in float32, laid out [B, KV, T, G, S] as
+        the batched matmul produces them (no transpose before the softmax)."""
+        scores_bntgs = jnp.einsum(
+            "btngk,bsnk->bntgs", q_btngk, k_bsnk, preferred_element_type=jnp.float32
         ) * (self.head_dim**-0.5)
         # `where`, not an additive bias: a row with no valid key (a padded query) gets uniform weights, never NaN.
-        scores_bngts = jnp.where(mask_bts[:, None, None], scores_bngts, jnp.finfo(jnp.float32).min)
-        probs_bngts = jax.nn.softmax(scores_bngts, axis=-1).astype(self.dtype)
-        out_btngk = jnp.einsum("bngts,bsnk->btngk", probs_bngts, v_bsnk.astype(self.dtype))
-        return self.o_proj(out_btngk.reshape(batch, length, -1)), (k_bsnk, v_bsnk)
+        scores_bntgs = jnp.where(mask_bts[:, None, :, None, :], scores_bntgs, jnp.finfo(jnp.float32).min)
+        probs_bntgs = jax.nn.softmax(scores_bntgs, axis=-1).astype(self.dtype)
+        return jnp.einsum("bntgs,bsnk->btngk", probs_bntgs, v_bsnk)
 
 
 class MLP(nnx.Module):

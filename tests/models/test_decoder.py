@@ -17,7 +17,15 @@ import transformers
 from flax import nnx
 
 from rubric_jax.models.config import Llama3RopeScaling, ModelConfig
-from rubric_jax.models.decoder import ACTIVATION_AXES, Decoder, init_cache, rope_inv_freq
+from rubric_jax.models.decoder import (
+    ACTIVATION_AXES,
+    MAX_QUERY_BLOCKS,
+    MIN_QUERY_BLOCK,
+    Decoder,
+    causal_query_blocks,
+    init_cache,
+    rope_inv_freq,
+)
 from rubric_jax.models.safetensors_io import load_hf_checkpoint
 from tests.tiny_checkpoints import CHAT_TEMPLATE, VOCAB_SIZE
 
@@ -103,6 +111,26 @@ def test_logits_match_transformers(loaded, padding):
     logits_btv, _ = run(loaded.decoder, tokens_bt, positions_bt, mask_bt)
     assert logits_btv.dtype == jnp.float32
     np.testing.assert_allclose(np.asarray(logits_btv)[mask_bt], expected[mask_bt], **PARITY_TOL)
+
+
+@pytest.mark.parametrize("padding", ["right", "left"])
+def test_logits_match_transformers_across_causal_query_blocks(qwen3, padding):
+    width = 3 * MIN_QUERY_BLOCK + 17  # three query blocks, the last attending to every key
+    assert len(causal_query_blocks(width)) == 3
+    tokens_bt, positions_bt, mask_bt = padded_batch(4, lengths=[width, 250, 130], width=width, padding=padding)
+    expected = hf_logits(qwen3.hf, tokens_bt, positions_bt, mask_bt)
+    logits_btv, _ = run(qwen3.decoder, tokens_bt, positions_bt, mask_bt)
+    np.testing.assert_allclose(np.asarray(logits_btv)[mask_bt], expected[mask_bt], **PARITY_TOL)
+
+
+@pytest.mark.parametrize("length", [1, 5, MIN_QUERY_BLOCK, 2 * MIN_QUERY_BLOCK - 1, 2 * MIN_QUERY_BLOCK, 1000, 8192,
+                                    100_003])
+def test_causal_query_blocks_tile_the_sequence(length):
+    blocks = causal_query_blocks(length)
+    assert blocks[0][0] == 0 and blocks[-1][1] == length
+    assert all(stop == next_start for (_, stop), (next_start, _) in zip(blocks, blocks[1:]))
+    assert 1 <= len(blocks) <= MAX_QUERY_BLOCKS
+    assert len(blocks) == 1 or min(stop - start for start, stop in blocks) >= MIN_QUERY_BLOCK
 
 
 def test_rope_frequencies_match_transformers(loaded):

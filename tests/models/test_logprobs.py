@@ -65,8 +65,9 @@ def test_bfloat16_inputs_give_float32_results():
     np.testing.assert_allclose(entropy_bt, ref_entropy_bt, **TOL)
 
 
+@pytest.mark.parametrize("recompute_logits", [True, False])
 @pytest.mark.parametrize("chunk_size", [4, 7, 64])
-def test_gradients_equal_full_logits_gradients(chunk_size):
+def test_gradients_equal_full_logits_gradients(chunk_size, recompute_logits):
     hidden_btd, kernel_dv, targets_bt, mask_bt = random_inputs(seed=1)
     weights = jax.random.normal(jax.random.key(2), (2, B, T))
 
@@ -74,7 +75,7 @@ def test_gradients_equal_full_logits_gradients(chunk_size):
         logp_bt, entropy_bt = fn(hidden_btd, kernel_dv, targets_bt, mask_bt)
         return jnp.sum(weights[0] * logp_bt + weights[1] * entropy_bt)
 
-    chunked = functools.partial(token_logprobs_and_entropy, chunk_size=chunk_size)
+    chunked = functools.partial(token_logprobs_and_entropy, chunk_size=chunk_size, recompute_logits=recompute_logits)
     grads = jax.jit(jax.grad(functools.partial(objective, chunked), argnums=(0, 1)))(hidden_btd, kernel_dv)
     ref_grads = jax.grad(functools.partial(objective, reference), argnums=(0, 1))(hidden_btd, kernel_dv)
     for grad, ref_grad in zip(grads, ref_grads):
