@@ -5,9 +5,9 @@
    parameters), batch 4 x 256 tokens (prompt 64, response 192), float32, on the CPU:
      JAX:     `train_step.make_train_step` (chunked logprobs + entropy -> PPO clip (0.2 / 0.28) -> token mean
               -> grads -> AdamW), jitted, on a 1-device mesh, no rematerialisation of the layers; timed twice:
-              with the default `recompute_logits=True` (the backward recomputes each chunk's logits: memory of
-              a few chunks, one more unembedding matmul) and with `recompute_logits=False` (the logits are
-              kept for the backward, the memory PyTorch's full-logits step also holds);
+              as configured by default (logits for every position, like the PyTorch step), and with
+              `first_scored` = the prompt length (the unembedding runs on the response region only, as the
+              trainer runs it; the loss is the same, since prompt tokens are not scored);
      PyTorch: transformers' Qwen3ForCausalLM with the same weights (loaded by `safetensors_io` from the same
               checkpoint), the same math: logits -> log_softmax -> gather (shifted targets), detached entropy,
               the same PPO clip and token mean, backward, grad norm, torch.optim.AdamW.
@@ -121,11 +121,11 @@ def throughput(args) -> None:
     loss_fn = train_step.ratio_loss(losses.ppo_clip_loss, eps_low=EPS_LOW, eps_high=EPS_HIGH)
     device_batch = jax.device_put(batch, sharding.batch_sharding(mesh))
 
-    def jax_step_fn(recompute_logits: bool):
+    def jax_step_fn(**options):
         graphdef, params, opt_state = train_step.init_train_state(model, optimizer, mesh, rules)
         params = jax.tree.map(jnp.copy, params)  # each step donates its own buffers, not the model's
         step = train_step.make_train_step(graphdef, optimizer, loss_fn, mesh=mesh, abstract_params=params,
-                                          rules=rules, recompute_logits=recompute_logits)
+                                          rules=rules, **options)
         state = [params, opt_state]
 
         def jax_step():
@@ -134,10 +134,16 @@ def throughput(args) -> None:
 
         return jax_step
 
-    jax_steps = {True: jax_step_fn(True), False: jax_step_fn(False)}
+    configurations = {
+        "default (every position scored)": {},
+        f"first_scored={args.prompt} (no logits for the prompt region, whose tokens are not scored)":
+            dict(first_scored=args.prompt),
+    }
+    jax_steps = {label: jax_step_fn(**options) for label, options in configurations.items()}
     torch_step = torch_step_fn(torch_model, torch.optim.AdamW(torch_model.parameters(), lr=LR, foreach=True), batch)
-    jax_metrics = jax.device_get(jax_steps[True]())
-    jax.block_until_ready(jax_steps[False]())
+    all_metrics = [jax.device_get(step()) for step in jax_steps.values()]
+    jax_metrics = all_metrics[0]
+    assert all(abs(float(m["loss"]) - float(jax_metrics["loss"])) < 1e-5 for m in all_metrics), all_metrics
     torch_loss, torch_grad_norm, torch_entropy, torch_clip = torch_step()
     jax_loss, jax_grad_norm, jax_entropy, jax_clip = (
         float(jax_metrics[k]) for k in ("loss", "grad_norm", "entropy", "clip_fraction")
@@ -147,9 +153,8 @@ def throughput(args) -> None:
           f"clip fraction {jax_clip:.4f} / {torch_clip:.4f}")
 
     tokens = args.batch * args.length
-    for recompute_logits, label in ((True, "recompute_logits=True (default: chunked logits recomputed)"),
-                                    (False, "recompute_logits=False (logits kept, as PyTorch keeps them)")):
-        jax_s, torch_s, time_ratio = interleaved_times(jax_steps[recompute_logits], torch_step, args.repeats)
+    for label, jax_step in jax_steps.items():
+        jax_s, torch_s, time_ratio = interleaved_times(jax_step, torch_step, args.repeats)
         print(f"  jax, {label}")
         print(f"    jax (jit), best  {jax_s * 1e3:9.1f} ms   {tokens / jax_s:9.0f} tokens/s")
         print(f"    pytorch, best    {torch_s * 1e3:9.1f} ms   {tokens / torch_s:9.0f} tokens/s")

@@ -11,9 +11,7 @@ Conventions:
   works on every chunk; T is padded up to a multiple of chunk_size, the padding's results are dropped.
 - The backward recomputes each chunk's logits too (the chunk has a custom VJP whose residuals are its inputs
   and two floats per token, logsumexp and E_p[logit]), so the gradient w.r.t. hidden and kernel never holds
-  [B, T, V] either. `recompute_logits=False` trades that memory for speed: each chunk keeps its logits for the
-  backward (the full [B, T, V] float32 logits in all, as a full-logits implementation holds), saving one
-  unembedding matmul per chunk. Deriving the logits' cotangent by hand, in one elementwise pass, rather than by autodiff
+  [B, T, V] either. Deriving the logits' cotangent by hand, in one elementwise pass, rather than by autodiff
   through a `jax.checkpoint`ed chunk keeps two [B, chunk_size, V] buffers alive in the backward instead of
   five, and is ~30% faster on the CPU. The kernel's gradient is summed over chunks in the kernel's dtype:
   pass the float32 parameter, not a bfloat16 copy, for a float32 sum.
@@ -50,8 +48,7 @@ def _one_hot_mask(targets_bc: jax.Array, vocab_size: int) -> jax.Array:
 
 
 def _chunk_forward(hidden_bcd, kernel_dv, targets_bc, temperature):
-    """(logp, entropy) [B, C] of one chunk, the statistics its backward needs (logsumexp and E_p[logit]), and
-    the chunk's logits."""
+    """(logp, entropy) [B, C] of one chunk, and the statistics its backward needs: logsumexp and E_p[logit]."""
     logits_bcv = _chunk_logits(hidden_bcd, kernel_dv, temperature)
     max_bc = jnp.max(logits_bcv, axis=-1)
     # Shifted by the max: exp stays finite, and E_p[logit] is formed from small numbers (no cancellation).
@@ -62,15 +59,26 @@ def _chunk_forward(hidden_bcd, kernel_dv, targets_bc, temperature):
     shifted_target_bc = jnp.sum(jnp.where(_one_hot_mask(targets_bc, logits_bcv.shape[-1]), shifted_bcv, 0), axis=-1)
     log_sum_exp_bc = jnp.log(sum_exp_bc)
     stats = (log_sum_exp_bc + max_bc, shifted_mean_bc + max_bc)
-    return (shifted_target_bc - log_sum_exp_bc, log_sum_exp_bc - shifted_mean_bc), stats, logits_bcv
+    return (shifted_target_bc - log_sum_exp_bc, log_sum_exp_bc - shifted_mean_bc), stats
 
 
-def _chunk_grads(logits_bcv, hidden_bcd, kernel_dv, targets_bc, stats, cotangents, temperature):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _chunk_logprobs_and_entropy(hidden_bcd, kernel_dv, targets_bc, temperature):
+    return _chunk_forward(hidden_bcd, kernel_dv, targets_bc, temperature)[0]
+
+
+def _chunk_fwd(hidden_bcd, kernel_dv, targets_bc, temperature):
+    outputs, stats = _chunk_forward(hidden_bcd, kernel_dv, targets_bc, temperature)
+    # Residuals are the inputs and two floats per token, not the logits: the backward recomputes them.
+    return outputs, (hidden_bcd, kernel_dv, targets_bc, stats)
+
+
+def _chunk_bwd(temperature, residuals, cotangents):
     """With z = logits / temperature, p = softmax(z): d logp / dz = onehot - p, d H / dz = -p (z - E_p[z]); so
-    dz = g_logp onehot - p (g_logp + g_H (z - E_p[z])), formed in one elementwise pass; then the gradients of
-    hidden and kernel through the unembedding matmul."""
-    log_sum_exp_bc, mean_bc = stats
+    dz = g_logp onehot - p (g_logp + g_H (z - E_p[z])), formed in one elementwise pass over recomputed logits."""
+    hidden_bcd, kernel_dv, targets_bc, (log_sum_exp_bc, mean_bc) = residuals
     g_logp_bc, g_entropy_bc = cotangents
+    logits_bcv = _chunk_logits(hidden_bcd, kernel_dv, temperature)
     probs_bcv = jnp.exp(logits_bcv - log_sum_exp_bc[..., None])
     weight_bcv = g_logp_bc[..., None] + g_entropy_bc[..., None] * (logits_bcv - mean_bc[..., None])
     one_hot_bcv = _one_hot_mask(targets_bc, logits_bcv.shape[-1])
@@ -83,42 +91,7 @@ def _chunk_grads(logits_bcv, hidden_bcd, kernel_dv, targets_bc, stats, cotangent
     return d_hidden_bcd.astype(hidden_bcd.dtype), d_kernel_dv.astype(kernel_dv.dtype), None
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-def _chunk_logprobs_and_entropy(hidden_bcd, kernel_dv, targets_bc, temperature):
-    return _chunk_forward(hidden_bcd, kernel_dv, targets_bc, temperature)[0]
-
-
-def _chunk_fwd(hidden_bcd, kernel_dv, targets_bc, temperature):
-    outputs, stats, _ = _chunk_forward(hidden_bcd, kernel_dv, targets_bc, temperature)
-    # Residuals are the inputs and two floats per token, not the logits: the backward recomputes them.
-    return outputs, (hidden_bcd, kernel_dv, targets_bc, stats)
-
-
-def _chunk_bwd(temperature, residuals, cotangents):
-    hidden_bcd, kernel_dv, targets_bc, stats = residuals
-    logits_bcv = _chunk_logits(hidden_bcd, kernel_dv, temperature)
-    return _chunk_grads(logits_bcv, hidden_bcd, kernel_dv, targets_bc, stats, cotangents, temperature)
-
-
 _chunk_logprobs_and_entropy.defvjp(_chunk_fwd, _chunk_bwd)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-def _chunk_logprobs_and_entropy_kept_logits(hidden_bcd, kernel_dv, targets_bc, temperature):
-    return _chunk_forward(hidden_bcd, kernel_dv, targets_bc, temperature)[0]
-
-
-def _kept_logits_fwd(hidden_bcd, kernel_dv, targets_bc, temperature):
-    outputs, stats, logits_bcv = _chunk_forward(hidden_bcd, kernel_dv, targets_bc, temperature)
-    return outputs, (hidden_bcd, kernel_dv, targets_bc, stats, logits_bcv)
-
-
-def _kept_logits_bwd(temperature, residuals, cotangents):
-    hidden_bcd, kernel_dv, targets_bc, stats, logits_bcv = residuals
-    return _chunk_grads(logits_bcv, hidden_bcd, kernel_dv, targets_bc, stats, cotangents, temperature)
-
-
-_chunk_logprobs_and_entropy_kept_logits.defvjp(_kept_logits_fwd, _kept_logits_bwd)
 
 
 def token_logprobs_and_entropy(
@@ -129,16 +102,12 @@ def token_logprobs_and_entropy(
     *,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     temperature: float = 1.0,
-    recompute_logits: bool = True,
 ) -> tuple[jax.Array, jax.Array]:
     """log p(targets_bt[b, t] | hidden_btd[b, t]) and the entropy of that distribution, float32 [B, T] each.
 
     Row b, position t is scored from hidden_btd[b, t] (no shift here; `sequence_logprobs` does the
     next-token alignment). `chunk_size` (static) is the number of positions per chunk: each step holds
     [B, chunk_size, V] float32 logits. 0 (and no gradient) where `mask_bt` is False. See the module docstring.
-    `recompute_logits` (static): True, the backward recomputes each chunk's logits (memory: a few chunks'
-    logits); False, each chunk keeps its logits for the backward, which saves one unembedding matmul per chunk
-    at the memory cost of the full [B, T, V] float32 logits (what a full-logits implementation holds).
     """
     batch, length, _ = hidden_btd.shape
     chunk_size = min(chunk_size, length)
@@ -153,11 +122,9 @@ def token_logprobs_and_entropy(
         x_bt = jnp.pad(x_bt, [(0, 0), (0, pad)] + [(0, 0)] * (x_bt.ndim - 2))
         return jnp.moveaxis(x_bt.reshape(batch, num_chunks, chunk_size, *x_bt.shape[2:]), 1, 0)
 
-    chunk_fn = _chunk_logprobs_and_entropy if recompute_logits else _chunk_logprobs_and_entropy_kept_logits
-
     def body(xs):
         hidden_bcd, targets_bc = xs
-        return chunk_fn(hidden_bcd, unembed_kernel_dv, targets_bc, temperature)
+        return _chunk_logprobs_and_entropy(hidden_bcd, unembed_kernel_dv, targets_bc, temperature)
 
     logp_nbc, entropy_nbc = jax.lax.map(body, (chunked(hidden_btd), chunked(targets_bt)))
 
@@ -177,7 +144,7 @@ def sequence_logprobs(
     *,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     temperature: float = 1.0,
-    recompute_logits: bool = True,
+    first_scored: int = 1,
 ) -> tuple[jax.Array, jax.Array]:
     """Runs the decoder and scores each token given the tokens before it: (logp_bt, entropy_bt), float32 [B, T].
 
@@ -187,23 +154,29 @@ def sequence_logprobs(
     as the rollout engine's per-token logprobs do. Position 0 has no preceding token: its outputs are 0
     whatever the mask says (a response always follows a prompt, so it is never a response token).
     Outputs are 0 wherever `response_mask_bt` is False.
+
+    `first_scored` (static, 1 <= first_scored <= T): positions before it are not scored at all (outputs 0, no
+    logits computed). With prompts left-padded to a common width P and responses after them, first_scored = P
+    computes the unembedding for the response region only, the same results on every response token.
     """
+    length = tokens_bt.shape[1]
+    if not 1 <= first_scored <= length:
+        raise ValueError(f"first_scored must be in [1, T = {length}], got {first_scored}")
     hidden_btd, _ = model(tokens_bt, positions_bt, attention_mask_bt)
     # Score position t's hidden state against token t + 1 (predictor-aligned), then shift the results right by
-    # one: slicing the targets instead of the hidden states avoids copying [B, T - 1, D].
-    next_mask_bt = jnp.pad(response_mask_bt[:, 1:].astype(bool), ((0, 0), (0, 1)))
-    next_tokens_bt = jnp.pad(tokens_bt[:, 1:], ((0, 0), (0, 1)))
+    # one: slicing the targets instead of the hidden states avoids copying [B, T - 1, D] (first_scored = 1).
+    next_mask_bt = jnp.pad(response_mask_bt[:, first_scored:].astype(bool), ((0, 0), (0, 1)))
+    next_tokens_bt = jnp.pad(tokens_bt[:, first_scored:], ((0, 0), (0, 1)))
     logp_bt, entropy_bt = token_logprobs_and_entropy(
-        hidden_btd,
+        hidden_btd[:, first_scored - 1:],
         model.unembed_kernel(),
         next_tokens_bt,
         next_mask_bt,
         chunk_size=chunk_size,
         temperature=temperature,
-        recompute_logits=recompute_logits,
     )
 
     def to_targets(x_bt):
-        return jnp.pad(x_bt[:, :-1], ((0, 0), (1, 0)))
+        return jnp.pad(x_bt[:, :-1], ((0, 0), (first_scored, 0)))
 
     return to_targets(logp_bt), to_targets(entropy_bt)

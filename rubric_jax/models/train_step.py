@@ -74,7 +74,7 @@ def make_train_step(
     aggregate: AggregateFn = aggregation.token_mean,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     temperature: float = 1.0,
-    recompute_logits: bool = True,
+    first_scored: int = 1,
 ) -> Callable[[nnx.State, optax.OptState, Batch], tuple[nnx.State, optax.OptState, dict[str, jax.Array]]]:
     """Returns step(params, opt_state, batch) -> (params, opt_state, metrics), jitted over `mesh`.
 
@@ -84,7 +84,8 @@ def make_train_step(
     (float32 scalars, replicated): "loss", "grad_norm" (global L2 norm before the update), "entropy" (token
     mean over response tokens) and, when the loss's info has `clipped_bt`, "clip_fraction" (its token mean).
     The step traces under `jax.set_mesh(mesh)`, so the decoder's `shard_activations` hook takes effect.
-    `chunk_size`, `temperature` and `recompute_logits` go to `logprobs.sequence_logprobs` (memory vs speed).
+    `chunk_size`, `temperature` and `first_scored` (skip a shared prompt region) go to
+    `logprobs.sequence_logprobs`.
     """
     param_shardings = sharding.param_shardings(abstract_params, mesh, rules)
     opt_shardings = sharding.param_shardings(jax.eval_shape(optimizer.init, abstract_params), mesh, rules)
@@ -101,7 +102,7 @@ def make_train_step(
             mask_bt,
             chunk_size=chunk_size,
             temperature=temperature,
-            recompute_logits=recompute_logits,
+            first_scored=first_scored,
         )
         loss_bt, info = loss_fn(logp_bt, entropy_bt, batch)
         metrics = {"entropy": _token_mean(entropy_bt, mask_bt)}

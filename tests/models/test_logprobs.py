@@ -65,9 +65,8 @@ def test_bfloat16_inputs_give_float32_results():
     np.testing.assert_allclose(entropy_bt, ref_entropy_bt, **TOL)
 
 
-@pytest.mark.parametrize("recompute_logits", [True, False])
 @pytest.mark.parametrize("chunk_size", [4, 7, 64])
-def test_gradients_equal_full_logits_gradients(chunk_size, recompute_logits):
+def test_gradients_equal_full_logits_gradients(chunk_size):
     hidden_btd, kernel_dv, targets_bt, mask_bt = random_inputs(seed=1)
     weights = jax.random.normal(jax.random.key(2), (2, B, T))
 
@@ -75,7 +74,7 @@ def test_gradients_equal_full_logits_gradients(chunk_size, recompute_logits):
         logp_bt, entropy_bt = fn(hidden_btd, kernel_dv, targets_bt, mask_bt)
         return jnp.sum(weights[0] * logp_bt + weights[1] * entropy_bt)
 
-    chunked = functools.partial(token_logprobs_and_entropy, chunk_size=chunk_size, recompute_logits=recompute_logits)
+    chunked = functools.partial(token_logprobs_and_entropy, chunk_size=chunk_size)
     grads = jax.jit(jax.grad(functools.partial(objective, chunked), argnums=(0, 1)))(hidden_btd, kernel_dv)
     ref_grads = jax.grad(functools.partial(objective, reference), argnums=(0, 1))(hidden_btd, kernel_dv)
     for grad, ref_grad in zip(grads, ref_grads):
@@ -151,9 +150,11 @@ def left_padded_batch(vocab_size: int, lengths=(12, 9, 16), width=16, prompt=4):
     return tokens_bt.astype(np.int32), positions_bt.astype(np.int32), attention_mask_bt, response_mask_bt
 
 
-def test_sequence_logprobs_match_transformers(hf_and_decoder):
+# first_scored 4 is where the earliest response starts (nothing lost); 9 cuts into two rows' responses.
+@pytest.mark.parametrize("first_scored", [1, 4, 9])
+def test_sequence_logprobs_match_transformers(hf_and_decoder, first_scored):
     """Aligned with the target tokens: logp[b, t] = log p(tokens[b, t] | tokens[b, :t]) from transformers'
-    logits at position t - 1; 0 off the response (and at position 0)."""
+    logits at position t - 1; 0 off the response (and at position 0) and before `first_scored`."""
     hf, decoder = hf_and_decoder
     tokens_bt, positions_bt, attention_mask_bt, response_mask_bt = left_padded_batch(decoder.config.vocab_size)
     with torch.no_grad():
@@ -169,9 +170,19 @@ def test_sequence_logprobs_match_transformers(hf_and_decoder):
 
     @functools.partial(jax.jit, static_argnums=0)
     def run(graphdef, state, *batch):
-        return sequence_logprobs(nnx.merge(graphdef, state), *batch, chunk_size=5)
+        return sequence_logprobs(nnx.merge(graphdef, state), *batch, chunk_size=5, first_scored=first_scored)
 
     logp_bt, entropy_bt = run(*nnx.split(decoder), tokens_bt, positions_bt, attention_mask_bt, response_mask_bt)
-    np.testing.assert_allclose(logp_bt, np.where(response_mask_bt, ref_logp_bt, 0), atol=1e-4, rtol=1e-4)
-    np.testing.assert_allclose(entropy_bt, np.where(response_mask_bt, ref_entropy_bt, 0), atol=1e-4, rtol=1e-4)
+    scored_bt = response_mask_bt & (np.arange(tokens_bt.shape[1]) >= first_scored)
+    assert scored_bt.sum() > 0
+    np.testing.assert_allclose(logp_bt, np.where(scored_bt, ref_logp_bt, 0), atol=1e-4, rtol=1e-4)
+    np.testing.assert_allclose(entropy_bt, np.where(scored_bt, ref_entropy_bt, 0), atol=1e-4, rtol=1e-4)
     assert np.all(np.asarray(logp_bt)[:, 0] == 0)
+
+
+@pytest.mark.parametrize("first_scored", [0, 17])
+def test_first_scored_out_of_range_is_a_value_error(hf_and_decoder, first_scored):
+    _, decoder = hf_and_decoder
+    batch = left_padded_batch(decoder.config.vocab_size)
+    with pytest.raises(ValueError, match="first_scored"):
+        sequence_logprobs(decoder, *batch, first_scored=first_scored)
