@@ -42,14 +42,15 @@ def no_sharding(x: jax.Array, logical_axes: tuple[Optional[str], ...]) -> jax.Ar
     return x
 
 
-@functools.partial(jax.tree_util.register_dataclass, data_fields=["k_bsnk", "v_bsnk", "valid_bs", "end"],
+@functools.partial(jax.tree_util.register_dataclass, data_fields=["k_bnsk", "v_bnsk", "valid_bs", "end"],
                    meta_fields=[])
 @dataclasses.dataclass(frozen=True)
 class KVCache:
     """Keys and values of every token fed so far, in fixed-size per-layer buffers.
 
-    k_bsnk, v_bsnk: one [B, S_max, KV, hd] array per layer; keys are stored after RoPE (at the positions given
-                    when they were fed), so a cached key never needs its position again.
+    k_bnsk, v_bnsk: one [B, KV, S_max, hd] array per layer, head-major: the layout the attention's batched
+                    matmuls read, so a decode step copies no cache. Keys are stored after RoPE (at the positions
+                    given when they were fed), so a cached key never needs its position again.
     valid_bs:       [B, S_max] bool, True where a slot holds a real token (False: padding or not yet written).
     end:            int32 scalar, the number of slots written; shared by all rows.
 
@@ -60,8 +61,8 @@ class KVCache:
     last slots (this cannot raise under jit).
     """
 
-    k_bsnk: tuple[jax.Array, ...]
-    v_bsnk: tuple[jax.Array, ...]
+    k_bnsk: tuple[jax.Array, ...]
+    v_bnsk: tuple[jax.Array, ...]
     valid_bs: jax.Array
     end: jax.Array
 
@@ -74,10 +75,10 @@ def init_cache(
     config: ModelConfig, batch_size: int, max_len: int, dtype: jax.typing.DTypeLike = jnp.float32
 ) -> KVCache:
     """An empty cache of `max_len` slots per row, keys and values stored in `dtype`."""
-    shape = (batch_size, max_len, config.num_kv_heads, config.head_dim)
+    shape = (batch_size, config.num_kv_heads, max_len, config.head_dim)
     return KVCache(
-        k_bsnk=tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers)),
-        v_bsnk=tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers)),
+        k_bnsk=tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers)),
+        v_bnsk=tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers)),
         valid_bs=jnp.zeros((batch_size, max_len), bool),
         end=jnp.zeros((), jnp.int32),
     )
@@ -192,7 +193,7 @@ class Attention(nnx.Module):
         cache_kv: Optional[tuple[jax.Array, jax.Array]] = None,
         cache_end: Optional[jax.Array] = None,
     ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
-        """Returns the attention output [B, T, D] and the keys and values attended to: this call's [B, T, KV, hd]
+        """Returns the attention output [B, T, D] and the keys and values attended to: this call's [B, KV, T, hd]
         without a cache, the cache buffers with this call's T entries written at `cache_end` with one."""
         batch, length, _ = x_btd.shape
         q_bthk = self.q_proj(x_btd).reshape(batch, length, -1, self.head_dim)
@@ -202,18 +203,17 @@ class Attention(nnx.Module):
             q_bthk, k_btnk = self.q_norm(q_bthk), self.k_norm(k_btnk)
         q_bthk, k_btnk = apply_rope(q_bthk, cos_btk, sin_btk), apply_rope(k_btnk, cos_btk, sin_btk)
 
-        if cache_kv is None:
-            k_bsnk, v_bsnk = k_btnk, v_btnk
-        else:
-            start = (0, cache_end, 0, 0)
-            k_bsnk = jax.lax.dynamic_update_slice(cache_kv[0], k_btnk.astype(cache_kv[0].dtype), start)
-            v_bsnk = jax.lax.dynamic_update_slice(cache_kv[1], v_btnk.astype(cache_kv[1].dtype), start)
+        k_bnsk, v_bnsk = jnp.swapaxes(k_btnk, 1, 2), jnp.swapaxes(v_btnk, 1, 2)
+        if cache_kv is not None:
+            start = (0, 0, cache_end, 0)
+            k_bnsk = jax.lax.dynamic_update_slice(cache_kv[0], k_bnsk.astype(cache_kv[0].dtype), start)
+            v_bnsk = jax.lax.dynamic_update_slice(cache_kv[1], v_bnsk.astype(cache_kv[1].dtype), start)
 
         # Query head h uses key/value head h // g (transformers' repeat_kv), so h splits as (n, g).
         q_btngk = q_bthk.reshape(batch, length, self.num_kv_heads, -1, self.head_dim)
-        keys_bsnk, values_bsnk = k_bsnk.astype(self.dtype), v_bsnk.astype(self.dtype)
+        keys_bnsk, values_bnsk = k_bnsk.astype(self.dtype), v_bnsk.astype(self.dtype)
         if cache_kv is not None:
-            out_btngk = self._attend(q_btngk, keys_bsnk, values_bsnk, mask_bts)
+            out_btngk = self._attend(q_btngk, keys_bnsk, values_bnsk, mask_bts)
         else:
             # Causal without a cache: the queries of block [start, stop) attend to keys [0, stop) only, which
             # skips the masked upper blocks of the score matrix (about half of the attention's matmul work).
@@ -221,26 +221,29 @@ class Attention(nnx.Module):
                 [
                     self._attend(
                         q_btngk[:, start:stop],
-                        keys_bsnk[:, :stop],
-                        values_bsnk[:, :stop],
+                        keys_bnsk[:, :, :stop],
+                        values_bnsk[:, :, :stop],
                         mask_bts[:, start:stop, :stop],
                     )
                     for start, stop in causal_query_blocks(length)
                 ],
                 axis=1,
             )
-        return self.o_proj(out_btngk.reshape(batch, length, -1)), (k_bsnk, v_bsnk)
+        return self.o_proj(out_btngk.reshape(batch, length, -1)), (k_bnsk, v_bnsk)
 
-    def _attend(self, q_btngk: jax.Array, k_bsnk: jax.Array, v_bsnk: jax.Array, mask_bts: jax.Array) -> jax.Array:
-        """softmax(q k / sqrt(hd), masked) v [B, T, KV, G, hd]; scores in float32, laid out [B, KV, T, G, S] as
-        the batched matmul produces them (no transpose before the softmax)."""
+    def _attend(self, q_btngk: jax.Array, k_bnsk: jax.Array, v_bnsk: jax.Array, mask_bts: jax.Array) -> jax.Array:
+        """softmax(q k / sqrt(hd), masked) v [B, T, KV, G, hd]; scores in float32. Both batched matmuls take
+        their operands and give their results head-major ([B, KV, ...]), the layout XLA's CPU matmul kernels
+        take without a copy."""
+        q_bntgk = jnp.transpose(q_btngk, (0, 2, 1, 3, 4))
         scores_bntgs = jnp.einsum(
-            "btngk,bsnk->bntgs", q_btngk, k_bsnk, preferred_element_type=jnp.float32
+            "bntgk,bnsk->bntgs", q_bntgk, k_bnsk, preferred_element_type=jnp.float32
         ) * (self.head_dim**-0.5)
         # `where`, not an additive bias: a row with no valid key (a padded query) gets uniform weights, never NaN.
         scores_bntgs = jnp.where(mask_bts[:, None, :, None, :], scores_bntgs, jnp.finfo(jnp.float32).min)
         probs_bntgs = jax.nn.softmax(scores_bntgs, axis=-1).astype(self.dtype)
-        return jnp.einsum("bntgs,bsnk->btngk", probs_bntgs, v_bsnk)
+        out_bntgk = jnp.einsum("bntgs,bnsk->bntgk", probs_bntgs, v_bnsk)
+        return jnp.transpose(out_bntgk, (0, 2, 1, 3, 4))
 
 
 class MLP(nnx.Module):
@@ -344,15 +347,15 @@ class Decoder(nnx.Module):
         apply_layer = _apply_layer_remat if self.remat else _apply_layer
         keys, values = [], []
         for i, layer in enumerate(self.layers):
-            cache_kv = None if cache is None else (cache.k_bsnk[i], cache.v_bsnk[i])
-            x_btd, (k_bsnk, v_bsnk) = apply_layer(layer, x_btd, cos_btk, sin_btk, mask_bts, cache_kv, end)
+            cache_kv = None if cache is None else (cache.k_bnsk[i], cache.v_bnsk[i])
+            x_btd, (k_bnsk, v_bnsk) = apply_layer(layer, x_btd, cos_btk, sin_btk, mask_bts, cache_kv, end)
             x_btd = self.shard_activations(x_btd, ACTIVATION_AXES)
-            keys.append(k_bsnk)
-            values.append(v_bsnk)
+            keys.append(k_bnsk)
+            values.append(v_bnsk)
         hidden_btd = self.norm(x_btd)
 
         if cache is not None:
-            cache = KVCache(k_bsnk=tuple(keys), v_bsnk=tuple(values), valid_bs=valid_bs, end=cache.end + length)
+            cache = KVCache(k_bnsk=tuple(keys), v_bnsk=tuple(values), valid_bs=valid_bs, end=cache.end + length)
         return hidden_btd, cache
 
     def unembed_kernel(self) -> jax.Array:
