@@ -11,8 +11,8 @@ Conventions:
 - Low temperature (0 by default), a fixed `max_tokens`, and JSON-schema-constrained decoding
   (`response_format: {"type": "json_schema", ...}`) when the format has a schema and the server takes it: after
   a 4xx answer to a request that carried a schema, the call is repeated without one, and if that succeeds
-  schemas are switched off for the rest of the client's life (counted in `ChatClient.schema_rejections`). The parser stays the check
-  either way, since not every server enforces the schema.
+  schemas are switched off for the rest of the client's life (counted in `ChatClient.schema_rejections`). The
+  parser stays the check either way, since not every server enforces the schema.
 - All calls of a batch are issued at once; the `JsonHttpClient` bounds how many are in flight and retries 5xx,
   timeouts, dropped connections and malformed bodies with backoff (its `stats` count them).
 - Failures never raise and are counted per call (`failures`, a `parsing.FailureCounter`):
@@ -58,7 +58,8 @@ class ChatSettings:
     def __post_init__(self):
         if not isinstance(self.model, str) or not self.model:
             raise ValueError(f"ChatSettings.model must be a non-empty str, got {self.model!r}")
-        if not (isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature) and self.temperature >= 0):
+        temperature = self.temperature
+        if not (isinstance(temperature, (int, float)) and math.isfinite(temperature) and temperature >= 0):
             raise ValueError(f"ChatSettings.temperature must be a finite number >= 0, got {self.temperature!r}")
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
             raise ValueError(f"ChatSettings.max_tokens must be an int >= 1, got {self.max_tokens!r}")
@@ -148,7 +149,9 @@ def srar_format(extract_answer: Callable[[str], Optional[str]] = extract_boxed) 
     """SRaR's step-attributed judge (srar.txt, Appendix 7.4): every item's verdict and step in one call; the
     student's final answer shown is `extract_answer(response)` (the last \\boxed{} by default)."""
     return RolloutFormat(
-        messages=lambda r: prompts.step_attributed_judge_prompt(r.question, r.rubric, r.response, extract_answer(r.response)),
+        messages=lambda r: prompts.step_attributed_judge_prompt(
+            r.question, r.rubric, r.response, extract_answer(r.response)
+        ),
         schema=lambda r: parsing.srar_judge_schema(len(r.rubric.criteria)),
         parse=lambda text, r: parsing.parse_srar_judge(text, num_items=len(r.rubric.criteria), num_steps=r.num_steps),
     )
