@@ -154,7 +154,7 @@ class Linear(nnx.Module):
         return y_nf.reshape(*x.shape[:-1], y_nf.shape[-1])
 
 
-MIN_QUERY_BLOCK = 128
+MIN_QUERY_BLOCK = 64
 MAX_QUERY_BLOCKS = 8
 
 
