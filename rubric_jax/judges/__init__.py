@@ -2,7 +2,8 @@
 
 base.py          `JudgeRequest`, `RolloutVerdict`, `Verdicts` (satisfied_bk, item_step_bk, failed_b, reasons) with
                  the failure convention (a failed rollout: every item unsatisfied, step -1), and the `Judge` ABC.
-programmatic.py  `ProgrammaticJudge`: criteria checked by registered predicates (`register_check`) or `RegexCheck`s.
+programmatic.py  `ProgrammaticJudge`: criteria checked by registered predicates (`register_check`) or `RegexCheck`s,
+                 optionally attributed to a `### Step N:` step (`Attributed`) for SRaR.
 llm.py           LLM judges over an OpenAI-compatible chat endpoint: `RolloutLLMJudge` (one call per rollout, all
                  items: SRaR, rubric-grounded, RLCER verifier formats) and `CriterionLLMJudge` (one call per
                  criterion, `{"rating": 0|1}`: RGR-GRPO), on a `ChatClient` with retries and schema fallback.
@@ -31,9 +32,17 @@ from rubric_jax.judges.outcome import (
     extract_boxed,
     extract_choice,
 )
-from rubric_jax.judges.programmatic import ProgrammaticJudge, RegexCheck, register_check, registered_check
+from rubric_jax.judges.programmatic import (
+    Attributed,
+    ProgrammaticJudge,
+    RegexCheck,
+    register_check,
+    registered_check,
+    step_at,
+)
 
 __all__ = [
+    "Attributed",
     "ChatClient",
     "ChatSettings",
     "CriterionFormat",
@@ -58,4 +67,5 @@ __all__ = [
     "registered_check",
     "rlcer_verifier_format",
     "srar_format",
+    "step_at",
 ]

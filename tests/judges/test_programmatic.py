@@ -12,7 +12,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rubric_jax.judges.base import JudgeRequest
-from rubric_jax.judges.programmatic import ProgrammaticJudge, RegexCheck, register_check, registered_check
+from rubric_jax.judges.programmatic import (
+    Attributed,
+    ProgrammaticJudge,
+    RegexCheck,
+    register_check,
+    registered_check,
+    step_at,
+)
 from rubric_jax.rubrics.schema import Criterion, Rubric
 
 
@@ -165,3 +172,40 @@ def test_any_response_gives_valid_verdicts(responses, names):
     assert verdicts.satisfied_bk.shape == (len(responses), 4)
     assert ((verdicts.satisfied_bk >= 0) & (verdicts.satisfied_bk <= 1)).all()
     np.testing.assert_array_equal(verdicts.failed_b, ["raises" in names] * len(responses))
+
+
+STEPPED = "Intro.\n### Step 1: add 2 and 3 to get 5.\n### Step 2: double it: 10.\nSo \\boxed{10}"
+
+
+def test_attributed_checks_give_item_steps():
+    checks = {
+        "adds": RegexCheck(r"get 5", attribute_step=True),
+        "doubles": RegexCheck(r"double", attribute_step=True),
+        "intro": RegexCheck(r"Intro", attribute_step=True),  # before the first header: outside every step
+        "missing": RegexCheck(r"triple", attribute_step=True),
+        "boxed": RegexCheck(r"\\boxed\{"),  # not attributed
+        "whole": lambda response, request: Attributed(0.5, 0),
+    }
+    rubric = _rubric(*checks)
+    verdicts = ProgrammaticJudge(checks).judge([_request(STEPPED, rubric)], max_items=7)
+    np.testing.assert_array_equal(verdicts.satisfied_bk, [[1, 1, 1, 0, 1, 0.5, 0]])
+    np.testing.assert_array_equal(verdicts.item_step_bk, [[1, 2, 0, -1, -1, 0, -1]])
+
+
+def test_step_at_matches_split_steps():
+    assert [step_at(STEPPED, STEPPED.index(s)) for s in ("Intro", "### Step 1", "get 5", "### Step 2", "boxed")] == [
+        0, 1, 1, 2, 2]
+    fenced = "```\n### Step 1: not a header in code\n```\n### Step 3: real"
+    assert step_at(fenced, fenced.index("not a header")) == 0 and step_at(fenced, fenced.index("real")) == 3
+
+
+@pytest.mark.parametrize("step", [-2, 1.0, True, "1", None])
+def test_a_bad_attributed_step_fails_its_rollout(step):
+    checks = {"bad": lambda response, request: Attributed(True, step)}
+    verdicts = ProgrammaticJudge(checks).judge([_request("x", _rubric("bad"))], max_items=1)
+    assert verdicts.reasons == ("check_bad_value",) and "attributed step" in verdicts.details[0]
+
+
+def test_attribute_step_needs_must_match():
+    with pytest.raises(ValueError, match="attribute_step"):
+        RegexCheck("a", must_match=False, attribute_step=True)
