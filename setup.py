@@ -27,6 +27,8 @@ setup(
         "aiohttp>=3.9",
         # outcome verification of \boxed{} answers (rubric_jax.judges.outcome); the extra brings its LaTeX parser
         "math-verify[antlr4_13_2]>=0.7",
+        # YAML configs (rubric_jax.training.config)
+        "pyyaml>=6.0",
     ],
     extras_require={
         "test": [

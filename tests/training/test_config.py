@@ -1,0 +1,136 @@
+"""Configs: YAML onto frozen dataclasses, each kind of bad config a clear error, overrides, resolved round trip."""
+
+import dataclasses
+from typing import Literal, Optional
+
+import pytest
+
+from rubric_jax.training.config import (
+    apply_overrides,
+    config_from_dict,
+    config_to_dict,
+    load_config,
+    save_config,
+)
+from rubric_jax.training.optim import OptimizerConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class Rollout:
+    group_size: int = 8
+    temperature: float = 1.0
+    stop: tuple[str, ...] = ()
+    engine: Literal["embedded", "sglang"] = "embedded"
+    server_url: Optional[str] = None
+    greedy_eval: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    name: str
+    seed: int = 0
+    rollout: Rollout = Rollout()
+    optimizer: OptimizerConfig = OptimizerConfig()
+
+
+YAML = """
+name: srar-tiny
+seed: 3
+rollout:
+  group_size: 4
+  temperature: 1   # an int where a float is expected is fine
+  stop: ["</answer>", "\\n\\n"]
+  engine: sglang
+  server_url: http://127.0.0.1:30000
+optimizer:
+  learning_rate: 1e-6   # YAML 1.1 reads this as a string; a float field takes it
+  schedule: cosine
+  warmup_steps: 2
+  total_steps: 20
+"""
+
+
+def write(tmp_path, text, name="run.yaml"):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_yaml_maps_onto_nested_frozen_dataclasses(tmp_path):
+    run = load_config(Run, write(tmp_path, YAML))
+    assert run == Run(
+        name="srar-tiny",
+        seed=3,
+        rollout=Rollout(group_size=4, temperature=1.0, stop=("</answer>", "\n\n"), engine="sglang",
+                        server_url="http://127.0.0.1:30000"),
+        optimizer=OptimizerConfig(learning_rate=1e-6, schedule="cosine", warmup_steps=2, total_steps=20),
+    )
+    assert isinstance(run.rollout.temperature, float)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        run.seed = 4
+
+
+def test_overrides_are_typed_like_the_file(tmp_path):
+    run = load_config(Run, write(tmp_path, YAML), ["seed=7", "rollout.engine=embedded", "rollout.server_url=null",
+                                                   "optimizer.learning_rate=3e-6", "rollout.stop=[x]"])
+    assert (run.seed, run.rollout.engine, run.rollout.server_url) == (7, "embedded", None)
+    assert run.optimizer.learning_rate == 3e-6 and run.rollout.stop == ("x",)
+    with pytest.raises(ValueError, match="config key seed: expected an int, got 'seven'"):
+        load_config(Run, write(tmp_path, YAML), ["seed=seven"])
+
+
+def test_resolved_config_round_trips(tmp_path):
+    run = load_config(Run, write(tmp_path, "name: x\n"))
+    save_config(run, tmp_path / "resolved.yaml")
+    assert load_config(Run, tmp_path / "resolved.yaml") == run
+    resolved = config_to_dict(run)
+    assert resolved["optimizer"]["max_grad_norm"] == 1.0 and resolved["rollout"]["stop"] == []  # defaults written
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("name: x\nsede: 1\n", r"unknown config key sede \(known keys of <root>: name, optimizer, rollout, seed\)"),
+        ("name: x\nrollout: {group_sise: 4}\n", "unknown config key rollout.group_sise"),
+        ("seed: 1\n", "missing config key name"),
+        ("name: x\nseed: 1.5\n", "config key seed: expected an int, got 1.5"),
+        ("name: x\nseed: 1e3\n", "config key seed: expected an int, got '1e3'"),
+        ("name: x\nrollout: {temperature: warm}\n", "config key rollout.temperature: expected a number, got 'warm'"),
+        ("name: x\nseed: true\n", "config key seed: expected an int, got True"),
+        ("name: 3\n", "config key name: expected a string, got 3"),
+        ("name: x\nrollout: {greedy_eval: 'yes'}\n", "config key rollout.greedy_eval: expected true or false"),
+        ("name: x\nrollout: {engine: vllm}\n", r"config key rollout.engine: expected one of \['embedded', 'sglang'\]"),
+        ("name: x\nrollout: {stop: '</a>'}\n", "config key rollout.stop: expected a list"),
+        ("name: x\nrollout: [1, 2]\n", "config key rollout: expected a mapping"),
+        ("name: x\noptimizer: {schedule: cosine}\n", "config optimizer: optimizer.total_steps must be an int >"),
+        ("name: x\noptimizer: {learning_rate: -1}\n", "config optimizer: optimizer.learning_rate must be"),
+        ("- just\n- a list\n", "the top level must be a mapping"),
+        ("name: [unclosed\n", "not valid YAML"),
+    ],
+)
+def test_each_kind_of_bad_config_is_a_clear_error(tmp_path, text, message):
+    with pytest.raises(ValueError, match=message):
+        load_config(Run, write(tmp_path, text))
+
+
+@pytest.mark.parametrize("override, message", [("seed", "not of the form"), ("=3", "not of the form"),
+                                               ("a..b=1", "not of the form"), ("name.sub=1", "name is not a mapping"),
+                                               ("seed=[1", "not valid YAML")])
+def test_malformed_overrides(override, message):
+    with pytest.raises(ValueError, match=message):
+        apply_overrides({"name": "x"}, [override])
+
+
+def test_overrides_do_not_mutate_the_input():
+    data = {"rollout": {"group_size": 2}}
+    assert apply_overrides(data, ["rollout.group_size=4"]) == {"rollout": {"group_size": 4}}
+    assert data == {"rollout": {"group_size": 2}}
+
+
+def test_unsupported_annotation_is_a_programmer_error():
+    @dataclasses.dataclass(frozen=True)
+    class Bad:
+        table: dict = dataclasses.field(default_factory=dict)
+
+    with pytest.raises(TypeError, match="unsupported annotation"):
+        config_from_dict(Bad, {"table": {}})
