@@ -211,10 +211,6 @@ class _LLMJudge(Judge):
         self.chat = chat
         self.failures = FailureCounter() if failures is None else failures
 
-    def _count_request_failure(self) -> None:
-        self.failures.parsed += 1
-        self.failures.by_reason[REQUEST_FAILED] += 1
-
     def judge(self, requests: Sequence[JudgeRequest], max_items: int) -> Verdicts:
         return self.chat.http.run_sync(self.ajudge(requests, max_items))
 
@@ -228,9 +224,9 @@ class RolloutLLMJudge(_LLMJudge):
 
     async def _judge_one(self, request: JudgeRequest) -> RolloutVerdict:
         try:
-            text = await self.chat.complete(self.fmt.messages(request), self._schema(request))
+            text = await self.chat.complete(self.fmt.messages(request), self.fmt.schema(request))
         except RequestFailed as error:
-            self._count_request_failure()
+            self.failures.record_failure(REQUEST_FAILED)
             return _request_failure(error)
         result = self.fmt.parse(text, request)
         if not self.failures.record(result):
@@ -240,9 +236,6 @@ class RolloutLLMJudge(_LLMJudge):
             satisfied=tuple(result.values["satisfied_k"].tolist()),
             item_step=None if steps is None else tuple(steps.tolist()),
         )
-
-    def _schema(self, request: JudgeRequest) -> Optional[dict]:
-        return self.fmt.schema(request) if self.chat.settings.json_schema else None
 
     async def ajudge(self, requests: Sequence[JudgeRequest], max_items: int) -> Verdicts:
         check_requests(requests, max_items)
@@ -260,8 +253,7 @@ class CriterionLLMJudge(_LLMJudge):
         self.fmt = fmt
 
     async def _rate(self, request: JudgeRequest, k: int) -> float:
-        schema = self.fmt.schema() if self.chat.settings.json_schema else None
-        text = await self.chat.complete(self.fmt.messages(request, k), schema)
+        text = await self.chat.complete(self.fmt.messages(request, k), self.fmt.schema())
         result = self.fmt.parse(text)
         self.failures.record(result)
         return float(result.values["rating"]) if result.ok else 0.0
@@ -275,7 +267,7 @@ class CriterionLLMJudge(_LLMJudge):
             if not isinstance(error, RequestFailed):
                 raise error
         if failed:
-            self._count_request_failure()
+            self.failures.record_failure(REQUEST_FAILED)
             return _request_failure(failed[0])
         return RolloutVerdict(satisfied=tuple(ratings))
 

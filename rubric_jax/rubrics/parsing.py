@@ -125,10 +125,16 @@ class FailureCounter:
 
     def record(self, result: Union[ParseResult, RubricParse]) -> bool:
         """Count one result; returns result.ok."""
-        self.parsed += 1
-        if not result.ok:
-            self.by_reason[result.reason] += 1
+        if result.ok:
+            self.parsed += 1
+        else:
+            self.record_failure(result.reason)
         return result.ok
+
+    def record_failure(self, reason: str) -> None:
+        """Count one output that failed for `reason` before any parser saw it (e.g. its request failed)."""
+        self.parsed += 1
+        self.by_reason[reason] += 1
 
     @property
     def failed(self) -> int:

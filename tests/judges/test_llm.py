@@ -245,3 +245,10 @@ def test_async_judging_from_a_running_loop(server, make_judge):
 
     verdicts = asyncio.run(main())
     np.testing.assert_array_equal(verdicts.item_step_bk, [[2, 2, 2]] * 2)
+
+
+def test_schemas_off_in_settings_are_never_sent(server, make_judge):
+    server.responder = lambda m: srar_answer([(True, 1)] * 3)
+    judge = make_judge(server, RolloutLLMJudge, srar_format(), json_schema=False)
+    assert not judge.judge([srar_request("x")], max_items=3).failed_b.any()
+    assert "response_format" not in server.chat_requests[0]
