@@ -29,7 +29,11 @@ setup(
         "math-verify[antlr4_13_2]>=0.7",
         # YAML configs (rubric_jax.training.config)
         "pyyaml>=6.0",
+        # the trainer's metrics: TensorBoard event files and PNG plots (rubric_jax.training.metrics)
+        "tensorboardX>=2.6",
+        "matplotlib>=3.8",
     ],
+    entry_points={"console_scripts": ["rubric-jax=rubric_jax.cli:main"]},
     extras_require={
         "test": [
             "pytest>=8.0",
@@ -38,7 +42,6 @@ setup(
             "nbclient>=0.10",
             "nbformat>=5.10",
             "ipykernel>=6.29",
-            "matplotlib>=3.8",
             # Parity tests against transformers only. Pinned: this version has a local CPU build here, and any
             # other version or an open range would pull a CUDA build (several GB).
             "torch==2.13.0",

@@ -1,22 +1,34 @@
-"""A jitted, sharded policy-gradient step: logprobs -> a core per-token loss -> aggregation -> grads -> optax update.
+"""A jitted, sharded policy-gradient step: logprobs -> a per-token loss -> aggregation -> grads -> optax update,
+with exact gradient accumulation over micro-batches.
 
 State: the model as `nnx.split(model)` (a static graphdef and an `nnx.State` of parameters; the decoder holds
 no other variables) and an optax optimizer state. Both are donated to the step and come back with the
 layouts of `sharding.param_shardings`; every batch array is split by rows over (data, fsdp).
 
-The step is generic in the loss: `loss_fn(logp_bt, entropy_bt, batch) -> (loss_bt, info)` is any per-token loss
-(a `rubric_jax.core.losses` function, usually through `ratio_loss`), `aggregate` any `core.aggregation` mode.
+The step is generic in the loss: `loss_fn(logp_bt, entropy_bt, batch) -> (loss_bt, token_metrics)` is any
+per-token loss (a `rubric_jax.core.losses` function through `ratio_loss`, `with_kl_penalty` on top, or
+`negative_log_likelihood` for SFT), and `token_metrics` a dict of per-token diagnostics [B, T] (e.g.
+{"clip_fraction": clipped_bt}) that the step reports as their mean over response tokens. `aggregate` is any
+`core.aggregation` mode.
+
+Gradient accumulation is exact: with `micro_batches = M` the batch's rows are dealt into M micro-batches (row
+i goes to micro-batch i mod M, so each keeps its share of every device's rows), the gradients of the
+aggregation's loss *sums* are summed over a `lax.scan`, and divided once by the summed denominator. The
+denominators depend only on the masks, so this is the gradient of the full batch's loss for every
+aggregation mode, up to float summation order (`core.aggregation`). Token-mean metrics accumulate the same way.
 
 Batch: a dict of [B, ...] arrays. The step reads "tokens_bt", "positions_bt", "attention_mask_bt" and
-"response_mask_bt"; everything else ("old_logp_bt", "advantages_bt", ...) is for `loss_fn`. Per-token arrays
-are aligned with the target tokens, as `logprobs.sequence_logprobs` returns them (and as a rollout engine
-reports logprobs). B must be divisible by data * fsdp.
+"response_mask_bt"; everything else ("old_logp_bt", "advantages_bt", "ref_logp_bt", ...) is for `loss_fn`.
+Per-token arrays are aligned with the target tokens, as `logprobs.sequence_logprobs` returns them (and as a
+rollout engine reports logprobs). B must be divisible by micro_batches * data * fsdp.
 """
 
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
@@ -26,26 +38,52 @@ from rubric_jax.models import sharding
 from rubric_jax.models.logprobs import DEFAULT_CHUNK_SIZE, sequence_logprobs
 
 Batch = Mapping[str, jax.Array]
-TokenLossFn = Callable[[jax.Array, jax.Array, Batch], tuple[jax.Array, Any]]
+TokenMetrics = Mapping[str, jax.Array]
+TokenLossFn = Callable[[jax.Array, jax.Array, Batch], tuple[jax.Array, TokenMetrics]]
 AggregateFn = Callable[[jax.Array, jax.Array], aggregation.LossTerms]
+KlFn = Callable[[jax.Array, jax.Array, jax.Array], jax.Array]
+
+_POLICY_INPUTS = ("tokens_bt", "positions_bt", "attention_mask_bt", "response_mask_bt")
 
 
 def ratio_loss(core_loss: Callable[..., tuple[jax.Array, Any]], **hyperparameters) -> TokenLossFn:
     """Adapts a core ratio loss `core_loss(logp_bt, old_logp_bt, advantages_bt, mask_bt, **hyperparameters)`
     (ppo_clip_loss, dual_clip_ppo_loss, gspo_loss, cispo_loss, no_clip_pg_loss) to a `loss_fn` reading
-    batch["old_logp_bt"], batch["advantages_bt"] and batch["response_mask_bt"]."""
+    batch["old_logp_bt"], batch["advantages_bt"] and batch["response_mask_bt"]. Token metrics: "clip_fraction"
+    (and "dual_clip_fraction") where the loss's info reports clipped tokens."""
 
     def loss_fn(logp_bt, entropy_bt, batch):
         del entropy_bt
-        return core_loss(
+        loss_bt, info = core_loss(
             logp_bt, batch["old_logp_bt"], batch["advantages_bt"], batch["response_mask_bt"], **hyperparameters
         )
+        metrics = {}
+        if hasattr(info, "clipped_bt"):
+            metrics["clip_fraction"] = info.clipped_bt
+        if hasattr(info, "dual_clipped_bt"):
+            metrics["dual_clip_fraction"] = info.dual_clipped_bt
+        return loss_bt, metrics
 
     return loss_fn
 
 
-def _token_mean(values_bt: jax.Array, mask_bt: jax.Array) -> jax.Array:
-    return aggregation.finalize(*aggregation.token_mean(values_bt, mask_bt))
+def with_kl_penalty(loss_fn: TokenLossFn, kl_fn: KlFn, coef: float) -> TokenLossFn:
+    """`loss_fn` plus coef * kl_fn(logp_bt, batch["ref_logp_bt"], response_mask_bt) per token (GRPO's KL loss
+    against a frozen reference policy; kl_fn a `core.kl` estimator). Adds the token metric "kl"."""
+
+    def penalised(logp_bt, entropy_bt, batch):
+        loss_bt, metrics = loss_fn(logp_bt, entropy_bt, batch)
+        kl_bt = kl_fn(logp_bt, batch["ref_logp_bt"], batch["response_mask_bt"])
+        return loss_bt + coef * kl_bt, {**metrics, "kl": kl_bt}
+
+    return penalised
+
+
+def negative_log_likelihood(logp_bt: jax.Array, entropy_bt: jax.Array, batch: Batch) -> tuple[jax.Array, TokenMetrics]:
+    """SFT's per-token loss, -log p(target), on the tokens of batch["response_mask_bt"] (the assistant's
+    tokens); with `aggregation.token_mean` this is the usual masked cross-entropy."""
+    del entropy_bt, batch
+    return -logp_bt, {}
 
 
 def init_train_state(
@@ -63,6 +101,17 @@ def init_train_state(
     return graphdef, params, jax.jit(optimizer.init, out_shardings=opt_shardings)(params)
 
 
+def _deal_rows(batch: Batch, micro_batches: int) -> Batch:
+    """[B, ...] -> [M, B / M, ...] with row i in micro-batch i mod M: each device keeps its rows."""
+
+    def deal(x):
+        rows = x.shape[0] // micro_batches
+        dealt = jnp.swapaxes(x.reshape(rows, micro_batches, *x.shape[1:]), 0, 1)
+        return sharding.shard_activations(dealt, (None, "batch") + (None,) * (x.ndim - 1))
+
+    return jax.tree.map(deal, batch)
+
+
 def make_train_step(
     graphdef: nnx.GraphDef,
     optimizer: optax.GradientTransformation,
@@ -72,6 +121,7 @@ def make_train_step(
     abstract_params: Any,
     rules: Sequence[sharding.PartitionRule],
     aggregate: AggregateFn = aggregation.token_mean,
+    micro_batches: int = 1,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     temperature: float = 1.0,
     first_scored: int = 1,
@@ -80,41 +130,61 @@ def make_train_step(
 
     `abstract_params` (the params, or their `jax.eval_shape`) and `rules` (`sharding.partition_rules(config)`)
     fix the layouts of the parameters and optimizer state, in and out; params and opt_state are donated, so
-    the caller must use the returned ones. The loss is finalize(aggregate(loss_bt, response_mask)); metrics
-    (float32 scalars, replicated): "loss", "grad_norm" (global L2 norm before the update), "entropy" (token
-    mean over response tokens) and, when the loss's info has `clipped_bt`, "clip_fraction" (its token mean).
-    The step traces under `jax.set_mesh(mesh)`, so the decoder's `shard_activations` hook takes effect.
-    `chunk_size`, `temperature` and `first_scored` (skip a shared prompt region) go to
-    `logprobs.sequence_logprobs`.
+    the caller must use the returned ones. The loss is finalize(aggregate(loss_bt, response_mask)), its
+    gradient accumulated over `micro_batches` (module docstring). Metrics (float32 scalars, replicated):
+    "loss", "grad_norm" (global L2 norm of the accumulated gradient, before the optimizer clips it), "entropy"
+    and each of the loss's token metrics, as means over response tokens. The step traces under
+    `jax.set_mesh(mesh)`, so the decoder's `shard_activations` hook takes effect. `chunk_size`, `temperature`
+    and `first_scored` (skip a shared prompt region) go to `logprobs.sequence_logprobs`.
     """
+    if not isinstance(micro_batches, int) or micro_batches < 1:
+        raise ValueError(f"micro_batches must be an int >= 1, got {micro_batches!r}")
     param_shardings = sharding.param_shardings(abstract_params, mesh, rules)
     opt_shardings = sharding.param_shardings(jax.eval_shape(optimizer.init, abstract_params), mesh, rules)
     replicated = NamedSharding(mesh, PartitionSpec())
 
-    def loss_and_aux(params, batch):
+    def loss_sum_and_metric_sums(params, batch):
         model = nnx.merge(graphdef, params)
         mask_bt = batch["response_mask_bt"]
         logp_bt, entropy_bt = sequence_logprobs(
             model,
-            batch["tokens_bt"],
-            batch["positions_bt"],
-            batch["attention_mask_bt"],
-            mask_bt,
+            *(batch[key] for key in _POLICY_INPUTS),
             chunk_size=chunk_size,
             temperature=temperature,
             first_scored=first_scored,
         )
-        loss_bt, info = loss_fn(logp_bt, entropy_bt, batch)
-        metrics = {"entropy": _token_mean(entropy_bt, mask_bt)}
-        if hasattr(info, "clipped_bt"):
-            metrics["clip_fraction"] = _token_mean(info.clipped_bt, mask_bt)
-        return aggregation.finalize(*aggregate(loss_bt, mask_bt)), metrics
+        loss_bt, token_metrics = loss_fn(logp_bt, entropy_bt, batch)
+        terms = aggregate(loss_bt, mask_bt)
+        metric_sums = {
+            name: aggregation.token_mean(values_bt, mask_bt)
+            for name, values_bt in {"entropy": entropy_bt, **token_metrics}.items()
+        }
+        return terms.loss_sum, (terms, metric_sums)
+
+    grad_fn = jax.grad(loss_sum_and_metric_sums, has_aux=True)
+
+    def accumulated_grads(params, batch):
+        if micro_batches == 1:
+            return grad_fn(params, batch)
+
+        def body(total, micro_batch):
+            grads, aux = grad_fn(params, micro_batch)
+            return jax.tree.map(jnp.add, total, (grads, aux)), None
+
+        micro = _deal_rows(batch, micro_batches)
+        shapes = jax.eval_shape(grad_fn, params, jax.tree.map(lambda x: x[0], micro))
+        zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+        return jax.lax.scan(body, zeros, micro)[0]
 
     def step(params, opt_state, batch):
-        (loss, metrics), grads = jax.value_and_grad(loss_and_aux, has_aux=True)(params, batch)
+        grad_sums, (terms, metric_sums) = accumulated_grads(params, batch)
+        # The denominator is a constant of the parameters: d(sum / n) = d(sum) / n, and 0 for an empty batch.
+        scale = aggregation.finalize(jnp.ones((), terms.loss_sum.dtype), terms.denominator)
+        grads = jax.tree.map(lambda g: (g * scale).astype(g.dtype), grad_sums)
         updates, opt_state = optimizer.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
-        return params, opt_state, {"loss": loss, "grad_norm": optax.tree.norm(grads), **metrics}
+        metrics = {name: aggregation.finalize(*pair) for name, pair in metric_sums.items()}
+        return params, opt_state, {"loss": aggregation.finalize(*terms), "grad_norm": optax.tree.norm(grads), **metrics}
 
     jitted = jax.jit(
         step,
@@ -128,3 +198,76 @@ def make_train_step(
             return jitted(params, opt_state, batch)
 
     return sharded_step
+
+
+def make_logprobs_fn(
+    graphdef: nnx.GraphDef,
+    *,
+    mesh: Mesh,
+    abstract_params: Any,
+    rules: Sequence[sharding.PartitionRule],
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    temperature: float = 1.0,
+    first_scored: int = 1,
+) -> Callable[[nnx.State, Batch], jax.Array]:
+    """Returns logprobs(params, batch) -> logp_bt (float32 [B, T], rows sharded as the batch): the policy's
+    `sequence_logprobs` of the batch's response tokens, without gradients. The learner's old logprobs (the
+    policy before this batch's updates) and the frozen reference policy's logprobs for KL."""
+    param_shardings = sharding.param_shardings(abstract_params, mesh, rules)
+    batch_sharding = sharding.batch_sharding(mesh)
+
+    def logprobs(params, batch):
+        model = nnx.merge(graphdef, params)
+        logp_bt, _ = sequence_logprobs(
+            model,
+            *(batch[key] for key in _POLICY_INPUTS),
+            chunk_size=chunk_size,
+            temperature=temperature,
+            first_scored=first_scored,
+        )
+        return logp_bt
+
+    jitted = jax.jit(logprobs, in_shardings=(param_shardings, batch_sharding), out_shardings=batch_sharding)
+
+    def sharded_logprobs(params, batch):
+        with jax.set_mesh(mesh):
+            return jitted(params, {key: batch[key] for key in _POLICY_INPUTS})
+
+    return sharded_logprobs
+
+
+def pack_sequences(
+    prompts: Sequence[Sequence[int]],
+    responses: Sequence[Sequence[int]],
+    *,
+    pad_id: int,
+    prompt_width: int,
+    response_width: int,
+) -> dict[str, np.ndarray]:
+    """The step's batch layout for prompt-response pairs, T = prompt_width + response_width: each prompt
+    left-padded to `prompt_width`, its response right after it and right-padded (so every response starts at
+    column prompt_width, the step's `first_scored`). "positions_bt" count a row's real tokens (cumsum(mask) - 1,
+    padding 0: a row's results do not depend on its padding, as in the rollout engine), "attention_mask_bt" marks
+    real tokens, "response_mask_bt" response tokens. ValueError for an empty prompt or a sequence too long."""
+    if len(prompts) != len(responses):
+        raise ValueError(f"got {len(prompts)} prompts and {len(responses)} responses")
+    length = prompt_width + response_width
+    tokens_bt = np.full((len(prompts), length), pad_id, np.int32)
+    attention_mask_bt = np.zeros((len(prompts), length), bool)
+    response_mask_bt = np.zeros((len(prompts), length), bool)
+    for b, (prompt, response) in enumerate(zip(prompts, responses)):
+        if not 1 <= len(prompt) <= prompt_width:
+            raise ValueError(f"prompt {b} has {len(prompt)} tokens; expected 1 to prompt_width={prompt_width}")
+        if len(response) > response_width:
+            raise ValueError(f"response {b} has {len(response)} tokens, more than response_width={response_width}")
+        start, end = prompt_width - len(prompt), prompt_width + len(response)
+        tokens_bt[b, start:end] = list(prompt) + list(response)
+        attention_mask_bt[b, start:end] = True
+        response_mask_bt[b, prompt_width:end] = True
+    positions_bt = np.maximum(np.cumsum(attention_mask_bt, axis=1) - 1, 0).astype(np.int32)
+    return {
+        "tokens_bt": tokens_bt,
+        "positions_bt": positions_bt,
+        "attention_mask_bt": attention_mask_bt,
+        "response_mask_bt": response_mask_bt,
+    }

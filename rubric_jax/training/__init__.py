@@ -1,8 +1,18 @@
-"""The trainer (issue 5, being built): the RL loop, SFT, checkpoints, configs and metrics.
+"""The trainer: the RL loop, SFT, checkpoints, configs and metrics.
 
-config.py  YAML configs onto frozen dataclasses: `load_config(cls, path, overrides)` with strict validation
-           (unknown keys, wrong types, impossible combinations name the key), `key.sub=value` overrides,
-           `save_config` of the fully resolved config.
-optim.py   `OptimizerConfig` and `make_optimizer`: AdamW with decoupled weight decay on matrices, linear warmup,
-           a constant or cosine schedule with a floor, and global-norm clipping.
+rl.py          `train_rl(config, task)`: rollouts -> judges -> a recipe's advantages -> PPO-style updates (epochs,
+               mini-batches, exact micro-batch accumulation, optional KL to a frozen reference) -> weight sync ->
+               metrics -> checkpoints; resumes exactly.
+sft.py         `train_sft(config, task)`: masked cross-entropy on chat-formatted solutions; saves an HF directory.
+evaluate.py    held-out avg@k, pass@k and rubric satisfaction of the policy an engine serves.
+run_config.py  `RLConfig`, `SFTConfig`, `QuickstartConfig` and their sections, validated before any compute.
+config.py      YAML configs onto frozen dataclasses: `load_config(cls, path, overrides)` with strict validation
+               (unknown keys, wrong types, impossible combinations name the key), `key.sub=value` overrides,
+               `save_config` of the fully resolved config.
+optim.py       `OptimizerConfig` and `make_optimizer`: AdamW with decoupled weight decay on matrices, linear warmup,
+               a constant or cosine schedule with a floor, and global-norm clipping.
+checkpoint.py  `Checkpointer`: orbax checkpoints of the learner state and JSON metadata; async, keep N, never a
+               half-written latest.
+metrics.py     `MetricsWriter` (JSONL, TensorBoard, console), `PhaseTimer`, `plot_metrics`.
+policy.py      the policy from a `ModelSpec`, the learner state a checkpoint holds, saving the policy.
 """

@@ -5,8 +5,13 @@
   required key, a value of the wrong type, or a combination the dataclass's own `__post_init__` rejects.
 - Types read: bool (only true / false), int (not a bool, not 2.5), float (an int is accepted, and so is a
   string in exponent notation such as `3e-6`, which YAML 1.1 reads as a string for want of a dot), str,
-  `Optional[T]` (null), `tuple[T, ...]` (a YAML list), `Literal[...]`, and nested dataclasses (a YAML mapping).
+  `Optional[T]` (null), `tuple[T, ...]` (a YAML list), `Literal[...]`, nested dataclasses (a YAML mapping), and
+  `dict[str, Any]`: free-form parameters (a YAML mapping) validated by their owner, such as an algorithm's
+  `params`, which the trainer reads into the algorithm's own config class.
   Any other annotation is a programmer error (TypeError when the config is read).
+- A section given in part keeps, for the keys it leaves out, the values of the field's default: with
+  `rollout: RolloutConfig = RolloutConfig(group_size=16)`, the YAML `rollout: {temperature: 0.7}` gives
+  group_size 16, not RolloutConfig's own default.
 - `apply_overrides(data, ["optimizer.learning_rate=3e-6", ...])` sets nested keys before validation; each
   value is read as YAML (`1e-6`, `true`, `null`, `[1, 2]`, `cosine`), so overrides type-check like the file.
 - `load_config(cls, path, overrides)` = read the YAML file, apply the overrides, build; `config_to_dict` and
@@ -54,6 +59,11 @@ def _read(annotation: Any, value: Any, key: str) -> Any:
         if not isinstance(value, (list, tuple)):
             raise ValueError(f"config key {key}: expected a list, got {value!r}")
         return tuple(_read(args[0], item, f"{key}[{i}]") for i, item in enumerate(value))
+    if annotation is dict or origin is dict:
+        # Free-form parameters checked later by their owner (an algorithm's or a task's own config class).
+        if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
+            raise ValueError(f"config key {key}: expected a mapping with string keys, got {value!r}")
+        return _deep_copy(value)
     if annotation is bool:
         if not isinstance(value, bool):
             raise ValueError(f"config key {key}: expected true or false, got {value!r}")
@@ -91,7 +101,11 @@ def config_from_dict(cls: type[T], data: Any, key: str = "") -> T:
     values = {}
     for name, field in fields.items():
         if name in data:
-            values[name] = _read(hints[name], data[name], _join(key, name))
+            value = data[name]
+            if dataclasses.is_dataclass(field.default) and isinstance(value, Mapping):
+                # The keys a section leaves out keep the enclosing default's values, not the section class's.
+                value = _merged(config_to_dict(field.default), value)
+            values[name] = _read(hints[name], value, _join(key, name))
         elif field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
             raise ValueError(f"missing config key {_join(key, name)}")
     try:
@@ -127,6 +141,17 @@ def apply_overrides(data: Mapping[str, Any], overrides: Sequence[str]) -> dict[s
     return result
 
 
+def _merged(base: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
+    """`base` with `update`'s keys set, mappings merged key by key."""
+    result = _deep_copy(base)
+    for name, value in update.items():
+        if isinstance(value, Mapping) and isinstance(result.get(name), Mapping):
+            result[name] = _merged(result[name], value)
+        else:
+            result[name] = value
+    return result
+
+
 def _deep_copy(data: Mapping[str, Any]) -> dict[str, Any]:
     return {k: _deep_copy(v) if isinstance(v, Mapping) else v for k, v in data.items()}
 
@@ -151,6 +176,8 @@ def config_to_dict(config: Any) -> dict[str, Any]:
             return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value) if f.init}
         if isinstance(value, tuple):
             return [plain(v) for v in value]
+        if isinstance(value, dict):
+            return {k: plain(v) for k, v in value.items()}
         return value
 
     return plain(config)

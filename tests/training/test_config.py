@@ -130,7 +130,33 @@ def test_overrides_do_not_mutate_the_input():
 def test_unsupported_annotation_is_a_programmer_error():
     @dataclasses.dataclass(frozen=True)
     class Bad:
-        table: dict = dataclasses.field(default_factory=dict)
+        table: set = dataclasses.field(default_factory=set)
 
     with pytest.raises(TypeError, match="unsupported annotation"):
-        config_from_dict(Bad, {"table": {}})
+        config_from_dict(Bad, {"table": [1]})
+
+
+def test_free_form_parameters_are_a_copied_mapping_with_string_keys():
+    @dataclasses.dataclass(frozen=True)
+    class Spec:
+        params: dict = dataclasses.field(default_factory=dict)
+
+    data = {"params": {"a": {"b": 1}}}
+    spec = config_from_dict(Spec, data)
+    assert spec.params == {"a": {"b": 1}} and spec.params["a"] is not data["params"]["a"]
+    with pytest.raises(ValueError, match="config key params: expected a mapping with string keys"):
+        config_from_dict(Spec, {"params": [1]})
+    assert config_to_dict(spec) == data
+
+
+@dataclasses.dataclass(frozen=True)
+class Stage:
+    rollout: Rollout = Rollout(group_size=16, temperature=0.7)
+    optimizer: OptimizerConfig = OptimizerConfig(learning_rate=3e-3, warmup_steps=5)
+
+
+def test_a_partial_section_keeps_the_enclosing_defaults_for_the_keys_it_leaves_out():
+    stage = config_from_dict(Stage, apply_overrides({}, ["rollout.stop=[x]", "optimizer.weight_decay=0.5"]))
+    assert stage.rollout == Rollout(group_size=16, temperature=0.7, stop=("x",))
+    assert stage.optimizer == OptimizerConfig(learning_rate=3e-3, warmup_steps=5, weight_decay=0.5)
+    assert config_from_dict(Stage, {}) == Stage()

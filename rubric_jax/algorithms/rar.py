@@ -1,0 +1,78 @@
+"""RaR, "Rubrics as Rewards" (Gunjal et al. 2025), the response-level rubric baseline: each response's reward is
+the weighted fraction of its rubric that the judge finds satisfied, and GRPO turns the group's rewards into
+advantages. The scalar the step-wise methods (SRaR) and the grounded judge (rubric-grounded GRPO) refine.
+
+For each step (G = sampling.n responses per prompt):
+  1. sample G responses per prompt                               base.sample_groups
+  2. judge each against its example's rubric                     base.judge_rollouts
+  3. r_i = sum_k w_k s_ik / sum_k w_k                            core.rewards.weighted_fraction
+     a rollout whose judgement failed: reward 0 (FailurePolicy ZERO_REWARD) or out of its group and the loss
+     (EXCLUDE)
+  4. A_i = (r_i - mean_g r) / (std_g r + eps), sample std        core.advantages.grpo_advantages
+     broadcast to the response's tokens                          core.advantages.broadcast_to_tokens
+  5. PPO clip update (+ optional KL to the initial policy)        base.policy_loss_fn
+"""
+
+import dataclasses
+from typing import Any, Literal, Sequence
+
+import jax.numpy as jnp
+import numpy as np
+
+from rubric_jax.algorithms import base
+from rubric_jax.algorithms.registry import register
+from rubric_jax.core import advantages, rewards
+from rubric_jax.rubrics.parsing import FailurePolicy
+from rubric_jax.rubrics.schema import rubric_arrays
+
+
+@dataclasses.dataclass(frozen=True)
+class RaRConfig:
+    """max_items: rubric width K (the longest rubric must fit); on_judge_failure: "zero_reward" or "exclude";
+    std_ddof / eps: GRPO's std (1: sample std) and epsilon."""
+
+    policy_loss: base.PolicyLossConfig = base.PolicyLossConfig()
+    max_items: int = 16
+    on_judge_failure: Literal["zero_reward", "exclude"] = "zero_reward"
+    std_ddof: int = 1
+    eps: float = 1e-6
+
+    def __post_init__(self):
+        if self.max_items < 1:
+            raise ValueError(f"max_items must be >= 1, got {self.max_items}")
+        if self.std_ddof not in (0, 1):
+            raise ValueError(f"std_ddof must be 0 or 1, got {self.std_ddof}")
+
+
+@register("rar")
+class RaR(base.Algorithm):
+    config_class = RaRConfig
+
+    @property
+    def policy_loss(self) -> base.PolicyLossConfig:
+        return self.config.policy_loss
+
+    def experience(self, examples: Sequence[Any], context: base.RolloutContext, step: int) -> base.Experience:
+        rollouts = base.sample_groups([context.task.prompt(e) for e in examples], context, step)
+        verdicts, rubrics = base.judge_rollouts(examples, rollouts, context, self.config.max_items)
+        items = rubric_arrays(rubrics, self.config.max_items)
+        reward_b = np.asarray(rewards.weighted_fraction(
+            jnp.asarray(verdicts.satisfied_bk), jnp.asarray(items.item_weight_bk), jnp.asarray(items.item_mask_bk)))
+        valid_b = ~verdicts.failed_b if self.config.on_judge_failure == FailurePolicy.EXCLUDE.value else None
+        advantage_b = np.asarray(advantages.grpo_advantages(
+            jnp.asarray(reward_b), jnp.asarray(rollouts.group_ids), None if valid_b is None else jnp.asarray(valid_b),
+            std_ddof=self.config.std_ddof, eps=self.config.eps))
+        batch = dict(rollouts.batch)
+        if valid_b is not None:
+            batch["response_mask_bt"] = batch["response_mask_bt"] & valid_b[:, None]
+        batch["advantages_bt"] = np.asarray(
+            advantages.broadcast_to_tokens(jnp.asarray(advantage_b), jnp.asarray(batch["response_mask_bt"])))
+        correct_b = np.array([context.task.is_correct(text, examples[s.prompt_index])
+                              for s, text in zip(rollouts.samples, rollouts.texts)])
+        metrics = {
+            **base.summary_stats("reward", reward_b),
+            **base.summary_stats("advantage", advantage_b),
+            **base.rubric_metrics(verdicts, rubrics),
+            **base.rollout_metrics(rollouts, correct_b),
+        }
+        return base.Experience(batch=batch, prompt_width=rollouts.prompt_width, metrics=metrics)

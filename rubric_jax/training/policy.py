@@ -1,0 +1,116 @@
+"""The policy a run trains, from its `ModelSpec`, and the learner state around it (what a checkpoint holds).
+
+- `build_policy`: a Hugging Face directory loaded straight onto the mesh (its own tokenizer), or a random decoder
+  of the `ModelInit` architecture with the task's tokenizer (vocabulary padded up to a multiple of 64, as real
+  checkpoints pad theirs; eos and pad from the tokenizer). `save_policy` writes one back as such a directory.
+- `LearnerState`: params, optimizer state and (when a recipe has a KL penalty) the frozen reference params, as
+  one pytree for `Checkpointer`; `abstract_learner_state` gives the shapes and shardings to restore into.
+"""
+
+import dataclasses
+import tempfile
+from pathlib import Path
+from typing import Any, Optional
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+from jax.sharding import Mesh
+
+from rubric_jax.models import sharding, train_step
+from rubric_jax.models.config import ModelConfig
+from rubric_jax.models.decoder import Decoder
+from rubric_jax.models.safetensors_io import load_hf_checkpoint, save_hf_checkpoint
+from rubric_jax.models.tokenizer import load_tokenizer
+from rubric_jax.training.run_config import MeshConfig, ModelSpec
+
+VOCAB_MULTIPLE = 64
+
+
+def make_mesh(config: MeshConfig) -> Mesh:
+    """The learner's mesh over the first data * fsdp * tensor devices (all of them when the config names them all;
+    ValueError when there are fewer)."""
+    size = config.data * config.fsdp * config.tensor
+    if size > jax.device_count():
+        raise ValueError(f"learner.mesh needs {size} devices, there are {jax.device_count()}")
+    return sharding.make_mesh(config.data, config.fsdp, config.tensor, devices=jax.devices()[:size])
+
+
+def build_policy(spec: ModelSpec, task: Any, mesh: Mesh) -> tuple[Decoder, Any]:
+    """(decoder on `mesh`, tokenizer) for `spec` (module docstring)."""
+    if spec.path is not None:
+        model = load_hf_checkpoint(spec.path, mesh=mesh, shard_activations=sharding.shard_activations)
+        return model, load_tokenizer(spec.path)
+    tokenizer = task.tokenizer()
+    init = spec.init
+    config = ModelConfig(
+        model_type=init.model_type,
+        vocab_size=-(-len(tokenizer) // VOCAB_MULTIPLE) * VOCAB_MULTIPLE,
+        hidden_size=init.hidden_size,
+        intermediate_size=init.intermediate_size,
+        num_layers=init.num_layers,
+        num_heads=init.num_heads,
+        num_kv_heads=init.num_kv_heads,
+        head_dim=init.head_dim,
+        max_position_embeddings=init.max_position_embeddings,
+        tie_word_embeddings=init.tie_word_embeddings,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    model = Decoder(config, rngs=nnx.Rngs(init.seed), shard_activations=sharding.shard_activations)
+    graphdef, params = nnx.split(model)
+    rules = sharding.partition_rules(config)
+    return nnx.merge(graphdef, jax.device_put(params, sharding.param_shardings(params, mesh, rules))), tokenizer
+
+
+def save_policy(graphdef: nnx.GraphDef, params: nnx.State, tokenizer: Any, directory: Path) -> None:
+    """The policy as a Hugging Face directory with its tokenizer (an older one there replaced atomically):
+    loadable by `ModelSpec(path=...)`, transformers and SGLang."""
+    with tempfile.TemporaryDirectory() as tokenizer_dir:
+        tokenizer.save_pretrained(tokenizer_dir)
+        save_hf_checkpoint(nnx.merge(graphdef, params), directory, tokenizer_dir=tokenizer_dir, overwrite=True)
+
+
+def eos_and_pad(tokenizer: Any) -> tuple[list[int], int]:
+    """The tokenizer's end-of-sequence ids and pad id (eos when it has no pad token)."""
+    eos = tokenizer.eos_token_id
+    if eos is None:
+        raise ValueError("the tokenizer has no eos token; the sampler could never stop a response")
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
+    return [eos], pad
+
+
+def copy_params(params: nnx.State) -> nnx.State:
+    """A copy with its own buffers: the train step donates (invalidates) the params it is given, so whatever
+    must outlive a step (the rollout engine's weights, the frozen reference) holds a copy."""
+    return jax.tree.map(jnp.copy, params)
+
+
+@dataclasses.dataclass
+class LearnerState:
+    params: nnx.State
+    opt_state: optax.OptState
+    reference: Optional[nnx.State] = None
+
+    def tree(self) -> dict[str, Any]:
+        tree = {"params": self.params, "opt_state": self.opt_state}
+        if self.reference is not None:
+            tree["reference"] = self.reference
+        return tree
+
+    @classmethod
+    def from_tree(cls, tree: dict[str, Any]) -> "LearnerState":
+        return cls(tree["params"], tree["opt_state"], tree.get("reference"))
+
+
+def init_learner_state(model: Decoder, optimizer: optax.GradientTransformation, mesh: Mesh,
+                       with_reference: bool) -> tuple[nnx.GraphDef, LearnerState]:
+    """The model split onto `mesh` with a fresh optimizer state (and a frozen copy as the reference)."""
+    graphdef, params, opt_state = train_step.init_train_state(
+        model, optimizer, mesh, sharding.partition_rules(model.config))
+    return graphdef, LearnerState(params, opt_state, copy_params(params) if with_reference else None)
+
+
+def abstract_learner_state(state: LearnerState) -> dict[str, Any]:
+    """Shapes, dtypes and shardings of `state.tree()`, to restore a checkpoint onto the same layout."""
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state.tree())

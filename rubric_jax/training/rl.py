@@ -1,0 +1,190 @@
+"""The RL loop (`rubric-jax train`): for each step
+
+  1. the next `prompts_per_step` examples of the task's train stream
+  2. experience = algorithm.experience(...)          rollouts (engine) -> judges -> rewards -> token advantages
+  3. old logprobs recomputed by the learner           (and the frozen reference's, for a KL penalty); the
+                                                      engine's logprobs stay in the batch ("rollout_logp_bt")
+                                                      and their mismatch with the learner's is logged
+  4. `epochs` passes over the batch in a fresh random order, each split into `mini_batches` optimizer updates,
+     each accumulated exactly over `micro_batches` (`train_step.make_train_step`)
+  5. weight sync to the engine (version "step-<n>")
+  6. metrics (metrics.jsonl, TensorBoard, console) and, every `checkpoint.every_steps` and at the end, an orbax
+     checkpoint of params, optimizer state, reference, data position, algorithm state and the step's metrics
+
+Resume: with `checkpoint.resume` a run continues from its output directory's latest committed checkpoint. All
+randomness is a function of (seed, step): sampling seeds (`algorithms.base.sample_groups`), the update order,
+the task's stream (by position), so a resumed run produces what the uninterrupted one would have; the
+checkpoint records the seed and refuses to resume a run with a different one. Step numbers count completed
+steps: the metrics line and the checkpoint of step n describe the state after n steps.
+"""
+
+import contextlib
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+from flax import nnx
+
+from rubric_jax.algorithms.base import RolloutContext
+from rubric_jax.algorithms.registry import algorithm_class
+from rubric_jax.inference.embedded import EmbeddedEngine
+from rubric_jax.inference.engine import RolloutEngine, SamplingParams
+from rubric_jax.models import sharding, train_step
+from rubric_jax.training import policy, runs
+from rubric_jax.training.config import save_config
+from rubric_jax.training.evaluate import evaluate
+from rubric_jax.training.metrics import PhaseTimer
+from rubric_jax.training.optim import learning_rate_schedule, make_optimizer
+from rubric_jax.training.run_config import RLConfig, resolve_algorithm
+
+RL_PLOTS = {
+    "reward": ("reward/mean", "outcome/accuracy"),
+    "eval": ("eval/accuracy", "eval/rubric_score"),
+    "loss": ("train/loss", "train/kl"),
+    "policy": ("train/entropy", "train/clip_fraction", "mismatch/k3"),
+    "response_length": ("response/length_mean",),
+    "time": ("time/generation", "time/judging", "time/logprobs", "time/update", "time/sync", "time/checkpoint"),
+}
+
+
+def make_engine(config: RLConfig, model, tokenizer, version: str) -> RolloutEngine:
+    """The rollout engine the config names, serving `model`'s weights under the name `version` (an SGLang server
+    is sent them)."""
+    eos_ids, pad_id = policy.eos_and_pad(tokenizer)
+    if config.rollout.engine == "sglang":
+        from rubric_jax.inference.sglang import SGLangEngine  # noqa: PLC0415  (only on hosts with a server)
+
+        engine = SGLangEngine(config.rollout.sglang_url, tokenizer=tokenizer, eos_token_ids=eos_ids,
+                              seed=config.seed, weight_dir=os.path.join(config.output_dir, "weights"))
+        engine.update_weights(model, version)
+        return engine
+    return EmbeddedEngine(model, tokenizer=tokenizer, eos_token_ids=eos_ids, pad_id=pad_id, seed=config.seed,
+                          weight_version=version, max_batch_size=config.rollout.max_batch_size)
+
+
+def _mismatch_metrics(batch: dict[str, np.ndarray], old_logp_bt: np.ndarray) -> dict[str, float]:
+    """How far the engine's logprobs are from the learner's on the same tokens: the k3 estimate of
+    KL(engine || learner) and the largest absolute difference (0 up to numerics for the embedded engine)."""
+    mask = batch["response_mask_bt"]
+    if not mask.any():
+        return {}
+    delta = (old_logp_bt - batch["rollout_logp_bt"])[mask].astype(np.float64)
+    return {"mismatch/k3": float(np.mean(np.expm1(delta) - delta)), "mismatch/max_abs": float(np.abs(delta).max())}
+
+
+class _Learner:
+    """The jitted steps of one run, compiled per prompt width (the learner's `first_scored`)."""
+
+    def __init__(self, config: RLConfig, algorithm, graphdef, state: policy.LearnerState, optimizer, mesh, rules):
+        self.config, self.algorithm, self.graphdef = config, algorithm, graphdef
+        self.optimizer, self.mesh, self.rules = optimizer, mesh, rules
+        self.abstract_params = jax.eval_shape(lambda p: p, state.params)
+        self._compiled: dict[int, tuple[Any, Any]] = {}
+
+    def steps(self, prompt_width: int):
+        if prompt_width not in self._compiled:
+            common = dict(mesh=self.mesh, abstract_params=self.abstract_params, rules=self.rules,
+                          chunk_size=self.config.learner.chunk_size, temperature=self.config.rollout.temperature,
+                          first_scored=prompt_width)
+            update = train_step.make_train_step(
+                self.graphdef, self.optimizer, self.algorithm.loss_fn(), aggregate=self.algorithm.aggregate(),
+                micro_batches=self.config.learner.micro_batches, **common)
+            self._compiled[prompt_width] = (update, train_step.make_logprobs_fn(self.graphdef, **common))
+        return self._compiled[prompt_width]
+
+
+def _update(learner: _Learner, state: policy.LearnerState, batch, prompt_width: int, step: int, seed: int):
+    """Step 4 of the module docstring; returns the mean of each train metric over the updates."""
+    update, _ = learner.steps(prompt_width)
+    config = learner.config.learner
+    rows = next(iter(batch.values())).shape[0]
+    per_update = rows // config.mini_batches
+    collected = []
+    for epoch in range(config.epochs):
+        order = np.random.default_rng((seed, step, epoch)).permutation(rows)
+        for start in range(0, rows, per_update):
+            index = order[start:start + per_update]
+            mini_batch = {key: value[index] for key, value in batch.items()}
+            state.params, state.opt_state, metrics = update(state.params, state.opt_state, mini_batch)
+            collected.append(metrics)
+    collected = jax.device_get(collected)
+    return {f"train/{name}": float(np.mean([m[name] for m in collected])) for name in collected[0]}
+
+
+def train_rl(config: RLConfig, task: Any, *, judge=None, model=None, tokenizer=None) -> dict[str, float]:
+    """Runs (or resumes) the RL run `config` on `task` (a `rubric_jax.data.tasks` task); the judge defaults to
+    the task's own, the model and tokenizer to `policy.build_policy(config.model)`. Returns the last step's
+    metrics. Writes config.yaml, metrics.jsonl, tensorboard/, checkpoints/, plots/ and the final policy as a
+    Hugging Face directory model/ under output_dir."""
+    algorithm_config, config = resolve_algorithm(config)
+    algorithm = algorithm_class(config.algorithm.name)(algorithm_config)
+    out = Path(config.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    save_config(config, out / "config.yaml")
+
+    mesh = policy.make_mesh(config.learner.mesh)
+    if model is None:
+        model, tokenizer = policy.build_policy(config.model, task, mesh)
+    judge = judge if judge is not None else task.judge()
+    optimizer = make_optimizer(config.optimizer)
+    schedule = learning_rate_schedule(config.optimizer)
+    graphdef, state = policy.init_learner_state(model, optimizer, mesh, algorithm.needs_reference)
+    rules = sharding.partition_rules(model.config)
+
+    checkpointer = runs.open_checkpoints(out, config.checkpoint)
+    state, meta = runs.restore_latest(checkpointer, state, config.checkpoint, config.seed)
+    start, position = (meta["step"], meta["data_position"]) if meta else (0, 0)
+    if meta:
+        algorithm.load_state_dict(meta["algorithm_state"])
+
+    engine = make_engine(config, nnx.merge(graphdef, policy.copy_params(state.params)), tokenizer, f"step-{start}")
+    _, pad_id = policy.eos_and_pad(tokenizer)
+    timer = PhaseTimer()
+    rollout = config.rollout
+    context = RolloutContext(
+        engine=engine, tokenizer=tokenizer, task=task, judge=judge, pad_id=pad_id, seed=config.seed, timer=timer,
+        sampling=SamplingParams(max_new_tokens=rollout.max_new_tokens, n=rollout.group_size,
+                                temperature=rollout.temperature, top_p=rollout.top_p, top_k=rollout.top_k))
+    learner = _Learner(config, algorithm, graphdef, state, optimizer, mesh, rules)
+    dataset = task.train_stream(position)
+    eval_examples = task.eval_examples(config.eval.num_examples) if config.eval.every_steps else []
+    updates_per_step = config.learner.epochs * config.learner.mini_batches
+
+    writer = runs.open_metrics(out, config.metrics, config.steps, meta)
+    metrics: dict[str, float] = {}
+    with writer, checkpointer, contextlib.closing(engine):
+        for step in range(start, config.steps):
+            timer.reset()
+            step_started = time.monotonic()
+            experience = algorithm.experience(dataset.next_batch(rollout.prompts_per_step), context, step)
+            batch, width = experience.batch, experience.prompt_width
+            _, logprobs = learner.steps(width)
+            with timer.phase("logprobs"):
+                old_logp_bt = np.asarray(jax.device_get(logprobs(state.params, batch)))
+                batch = {**batch, "old_logp_bt": old_logp_bt}
+                if state.reference is not None:
+                    batch["ref_logp_bt"] = np.asarray(jax.device_get(logprobs(state.reference, batch)))
+            with timer.phase("update"):
+                train_metrics = _update(learner, state, batch, width, step, config.seed)
+                jax.block_until_ready(state.params)
+            with timer.phase("sync"):
+                engine.update_weights(nnx.merge(graphdef, policy.copy_params(state.params)), f"step-{step + 1}")
+            metrics = {**experience.metrics, **train_metrics, **_mismatch_metrics(batch, old_logp_bt),
+                       "train/learning_rate": float(schedule((step + 1) * updates_per_step - 1))}
+            if config.eval.every_steps and (step + 1) % config.eval.every_steps == 0:
+                with timer.phase("eval"):
+                    metrics.update(evaluate(engine, tokenizer, task, judge, eval_examples, config.eval,
+                                            max_new_tokens=rollout.max_new_tokens, seed=config.seed))
+            if (step + 1) % config.checkpoint.every_steps == 0 or step + 1 == config.steps:
+                with timer.phase("checkpoint"):
+                    meta = {"step": step + 1, "seed": config.seed, "data_position": dataset.position,
+                            "algorithm_state": algorithm.state_dict(), "metrics": {**metrics, **timer.metrics()}}
+                    checkpointer.save(step + 1, state.tree(), meta)
+            metrics.update(timer.metrics())
+            metrics["time/step"] = time.monotonic() - step_started  # wall time: the phases and what lies between
+            writer.write(step + 1, metrics)
+    runs.save_outputs(out, graphdef, state.params, tokenizer, RL_PLOTS if config.metrics.plots else None)
+    return metrics

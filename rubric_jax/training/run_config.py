@@ -1,0 +1,316 @@
+"""The run configs, YAML sections as frozen dataclasses (`config.load_config(RLConfig, path, overrides)`):
+`RLConfig` (`rubric-jax train`), `SFTConfig` (`rubric-jax sft`), `QuickstartConfig` (`rubric-jax quickstart`,
+which derives one SFT and one RL run from it).
+
+Everything that can be checked without compute is checked on construction, so a bad config fails before a
+model is built: each section validates its own fields, and the top-level configs check the combinations
+(batch divisibility by micro-batches and the mesh, a sampling temperature that would make every group
+identical, a missing SGLang URL, ...). `resolve_algorithm` reads `algorithm.params` into the recipe's own config
+class, so that its unknown keys and wrong types are errors too (`check_run_config` runs every check). Errors are
+ValueErrors naming the full key.
+"""
+
+import dataclasses
+from typing import Any, Literal, Optional
+
+from rubric_jax.algorithms.registry import algorithm_class
+from rubric_jax.training.config import config_from_dict, config_to_dict
+from rubric_jax.training.optim import OptimizerConfig
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(message)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelInit:
+    """A randomly initialised decoder built in code (the quickstart and tests), with the task's tokenizer."""
+
+    model_type: Literal["qwen3", "llama"] = "qwen3"
+    hidden_size: int = 64
+    intermediate_size: int = 192
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    head_dim: int = 16
+    max_position_embeddings: int = 256
+    tie_word_embeddings: bool = True
+    seed: int = 0
+
+    def __post_init__(self):
+        for name in ("hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
+                     "max_position_embeddings"):
+            _require(getattr(self, name) >= 1, f"{name} must be >= 1, got {getattr(self, name)}")
+        _require(self.num_heads % self.num_kv_heads == 0,
+                 f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    """Where the policy comes from: `path`, a local Hugging Face directory (weights and tokenizer), or `init`,
+    a random model (the tokenizer then comes from the task). Exactly one of them."""
+
+    path: Optional[str] = None
+    init: Optional[ModelInit] = None
+
+    def __post_init__(self):
+        _require((self.path is None) != (self.init is None), "exactly one of model.path and model.init must be set")
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskSpec:
+    """A task of `rubric_jax.data` by name, its own parameters, and the seed of its example streams."""
+
+    name: str = "arithmetic"
+    seed: int = 0
+    params: dict = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshConfig:
+    """The learner's device mesh (`sharding.make_mesh`): data x fsdp x tensor devices."""
+
+    data: int = 1
+    fsdp: int = 1
+    tensor: int = 1
+
+    def __post_init__(self):
+        for name in ("data", "fsdp", "tensor"):
+            _require(getattr(self, name) >= 1, f"{name} must be >= 1, got {getattr(self, name)}")
+
+    @property
+    def batch_shards(self) -> int:
+        return self.data * self.fsdp
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutConfig:
+    """Sampling: `prompts_per_step` prompts, `group_size` samples each, from the embedded engine or an SGLang
+    server at `sglang_url`."""
+
+    engine: Literal["embedded", "sglang"] = "embedded"
+    sglang_url: Optional[str] = None
+    prompts_per_step: int = 8
+    group_size: int = 8
+    max_new_tokens: int = 64
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    max_batch_size: Optional[int] = None
+
+    def __post_init__(self):
+        for name in ("prompts_per_step", "group_size", "max_new_tokens"):
+            _require(getattr(self, name) >= 1, f"{name} must be >= 1, got {getattr(self, name)}")
+        _require((self.engine == "sglang") == (self.sglang_url is not None),
+                 "sglang_url is required by engine sglang, and only by it")
+        _require(self.temperature > 0 or self.group_size == 1,
+                 f"temperature 0 makes the {self.group_size} samples of a group identical, so every advantage "
+                 "would be 0; sample with temperature > 0")
+
+    @property
+    def batch_size(self) -> int:
+        return self.prompts_per_step * self.group_size
+
+
+@dataclasses.dataclass(frozen=True)
+class LearnerConfig:
+    """PPO-style updates per rollout batch: `epochs` passes, each over `mini_batches` optimizer updates, each
+    accumulated exactly over `micro_batches`; `chunk_size` positions per logits chunk."""
+
+    epochs: int = 1
+    mini_batches: int = 1
+    micro_batches: int = 1
+    chunk_size: int = 256
+    mesh: MeshConfig = MeshConfig()
+
+    def __post_init__(self):
+        for name in ("epochs", "mini_batches", "micro_batches", "chunk_size"):
+            _require(getattr(self, name) >= 1, f"{name} must be >= 1, got {getattr(self, name)}")
+
+
+@dataclasses.dataclass(frozen=True)
+class AlgorithmSpec:
+    """A recipe of `rubric_jax.algorithms` by name, and its config (the recipe's own config class)."""
+
+    name: str = "rar"
+    params: dict = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointConfig:
+    """Orbax checkpoints every `every_steps` steps and at the end, the last `keep` kept, written in the
+    background with `async_save`; `resume` continues from the output directory's latest checkpoint."""
+
+    every_steps: int = 10
+    keep: int = 3
+    async_save: bool = True
+    resume: bool = True
+
+    def __post_init__(self):
+        _require(self.every_steps >= 1, f"every_steps must be >= 1, got {self.every_steps}")
+        _require(self.keep >= 1, f"keep must be >= 1, got {self.keep}")
+
+
+@dataclasses.dataclass(frozen=True)
+class MetricsConfig:
+    """Where metrics go besides metrics.jsonl: TensorBoard events, a console line per step, PNG plots at the end."""
+
+    tensorboard: bool = True
+    console: bool = True
+    plots: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalConfig:
+    """Held-out evaluation: `num_examples` examples, `samples_per_example` samples each (avg@k and pass@k with
+    k = samples_per_example) at `temperature` (0: greedy, then k must be 1); every `every_steps` RL steps
+    (0: only where a command asks for it)."""
+
+    num_examples: int = 64
+    samples_per_example: int = 1
+    temperature: float = 0.0
+    every_steps: int = 0
+
+    def __post_init__(self):
+        _require(self.num_examples >= 1, f"num_examples must be >= 1, got {self.num_examples}")
+        _require(self.samples_per_example >= 1, f"samples_per_example must be >= 1, got {self.samples_per_example}")
+        _require(self.temperature >= 0, f"temperature must be >= 0, got {self.temperature}")
+        _require(self.temperature > 0 or self.samples_per_example == 1,
+                 "greedy evaluation (temperature 0) gives one answer per example: samples_per_example must be 1")
+        _require(self.every_steps >= 0, f"every_steps must be >= 0, got {self.every_steps}")
+
+
+@dataclasses.dataclass(frozen=True)
+class RLConfig:
+    """`rubric-jax train`: an RL run of `steps` steps (module docstring)."""
+
+    output_dir: str
+    steps: int
+    model: ModelSpec
+    seed: int = 0
+    task: TaskSpec = TaskSpec()
+    rollout: RolloutConfig = RolloutConfig()
+    learner: LearnerConfig = LearnerConfig()
+    algorithm: AlgorithmSpec = AlgorithmSpec()
+    optimizer: OptimizerConfig = OptimizerConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    metrics: MetricsConfig = MetricsConfig()
+    eval: EvalConfig = EvalConfig()
+
+    def __post_init__(self):
+        _require(self.steps >= 1, f"steps must be >= 1, got {self.steps}")
+        rows, learner = self.rollout.batch_size, self.learner
+        per_update = learner.mini_batches * learner.micro_batches * learner.mesh.batch_shards
+        _require(rows % per_update == 0,
+                 f"rollout.prompts_per_step * rollout.group_size = {rows} rows must split evenly into "
+                 f"learner.mini_batches ({learner.mini_batches}) x learner.micro_batches ({learner.micro_batches}) "
+                 f"x the mesh's data * fsdp ({learner.mesh.batch_shards})")
+        if self.model.init is not None:
+            _require(self.rollout.max_new_tokens < self.model.init.max_position_embeddings,
+                     f"rollout.max_new_tokens ({self.rollout.max_new_tokens}) leaves no room for a prompt in "
+                     f"model.init.max_position_embeddings ({self.model.init.max_position_embeddings})")
+
+
+@dataclasses.dataclass(frozen=True)
+class SFTConfig:
+    """`rubric-jax sft`: masked cross-entropy on the task's reference solutions (chat-formatted; only the
+    assistant's tokens, its end-of-turn token included, are scored), `steps` updates of `batch_size` examples,
+    accumulated over `micro_batches`; the trained model is saved as a Hugging Face directory `output_dir/model`."""
+
+    output_dir: str
+    steps: int
+    model: ModelSpec
+    seed: int = 0
+    task: TaskSpec = TaskSpec()
+    batch_size: int = 32
+    micro_batches: int = 1
+    max_response_tokens: int = 128
+    chunk_size: int = 256
+    mesh: MeshConfig = MeshConfig()
+    optimizer: OptimizerConfig = OptimizerConfig(learning_rate=1e-3, warmup_steps=10)
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    metrics: MetricsConfig = MetricsConfig()
+
+    def __post_init__(self):
+        _require(self.steps >= 1, f"steps must be >= 1, got {self.steps}")
+        _require(self.batch_size >= 1, f"batch_size must be >= 1, got {self.batch_size}")
+        _require(self.micro_batches >= 1, f"micro_batches must be >= 1, got {self.micro_batches}")
+        _require(self.batch_size % (self.micro_batches * self.mesh.batch_shards) == 0,
+                 f"batch_size ({self.batch_size}) must split evenly into micro_batches ({self.micro_batches}) "
+                 f"x the mesh's data * fsdp ({self.mesh.batch_shards})")
+
+
+QUICKSTART_SFT_STEPS = 400
+QUICKSTART_RL_STEPS = 120
+
+
+@dataclasses.dataclass(frozen=True)
+class SFTStage:
+    """The quickstart's SFT run: deliberately short of convergence, so the warm-started policy has the format
+    and part of the arithmetic, and RL has something left to learn."""
+
+    steps: int = QUICKSTART_SFT_STEPS
+    batch_size: int = 32
+    micro_batches: int = 1
+    optimizer: OptimizerConfig = OptimizerConfig(
+        learning_rate=3e-3, weight_decay=0.0, warmup_steps=20, schedule="cosine", total_steps=QUICKSTART_SFT_STEPS,
+        min_lr_ratio=0.1)
+
+
+@dataclasses.dataclass(frozen=True)
+class RLStage:
+    """The quickstart's RL run (RaR on the task's per-step rubric)."""
+
+    steps: int = QUICKSTART_RL_STEPS
+    rollout: RolloutConfig = RolloutConfig(prompts_per_step=16, group_size=8, max_new_tokens=64)
+    learner: LearnerConfig = LearnerConfig(mini_batches=2)
+    algorithm: AlgorithmSpec = AlgorithmSpec()
+    optimizer: OptimizerConfig = OptimizerConfig(learning_rate=1e-4, weight_decay=0.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class QuickstartConfig:
+    """`rubric-jax quickstart`: a random model, an SFT warm start on the task's solutions, then RL, with
+    held-out evaluation before and after RL. `sft_config()` and `rl_config()` are the two derived runs (in
+    output_dir/sft and output_dir/rl; RL starts from the SFT model)."""
+
+    output_dir: str
+    model: ModelInit = ModelInit(hidden_size=128, intermediate_size=384, num_heads=4, num_kv_heads=2, head_dim=32,
+                                 max_position_embeddings=128)
+    seed: int = 0
+    task: TaskSpec = TaskSpec()
+    sft: SFTStage = SFTStage()
+    rl: RLStage = RLStage()
+    eval: EvalConfig = EvalConfig(num_examples=256, samples_per_example=4, temperature=1.0)
+    checkpoint: CheckpointConfig = CheckpointConfig(every_steps=20)
+    metrics: MetricsConfig = MetricsConfig()
+
+    def __post_init__(self):
+        self.sft_config()
+        self.rl_config()
+
+    def sft_config(self) -> SFTConfig:
+        return SFTConfig(
+            output_dir=f"{self.output_dir}/sft", steps=self.sft.steps, model=ModelSpec(init=self.model),
+            seed=self.seed, task=self.task, batch_size=self.sft.batch_size, micro_batches=self.sft.micro_batches,
+            max_response_tokens=self.rl.rollout.max_new_tokens, optimizer=self.sft.optimizer, checkpoint=self.checkpoint, metrics=self.metrics,
+        )
+
+    def rl_config(self) -> RLConfig:
+        return RLConfig(
+            output_dir=f"{self.output_dir}/rl", steps=self.rl.steps, model=ModelSpec(path=f"{self.output_dir}/sft/model"),
+            seed=self.seed, task=self.task, rollout=self.rl.rollout, learner=self.rl.learner,
+            algorithm=self.rl.algorithm, optimizer=self.rl.optimizer, checkpoint=self.checkpoint,
+            metrics=self.metrics, eval=self.eval,
+        )
+
+
+def resolve_algorithm(config: RLConfig) -> tuple[Any, RLConfig]:
+    """(the recipe's config, `config` with algorithm.params replaced by every field of it, defaults included,
+    so the saved config is complete). ValueError naming algorithm.name / algorithm.params.<key>."""
+    algorithm_config = config_from_dict(
+        algorithm_class(config.algorithm.name).config_class, config.algorithm.params, "algorithm.params")
+    resolved = dataclasses.replace(
+        config.algorithm, params=config_to_dict(algorithm_config))
+    return algorithm_config, dataclasses.replace(config, algorithm=resolved)

@@ -1,0 +1,130 @@
+"""The run configs: every YAML in configs/ loads and validates, the quickstart YAML spells out the built-in
+quickstart, and each kind of bad config (unknown key, wrong type, bad literal, missing key, impossible
+combination, unknown algorithm or task, bad algorithm or task parameters) is a ValueError naming the key, raised
+before any model is built (the CLI exits with status 2 and the message)."""
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from rubric_jax import cli
+from rubric_jax.data.tasks import build_task
+from rubric_jax.training.config import apply_overrides, config_from_dict, load_config
+from rubric_jax.training.run_config import QuickstartConfig, RLConfig, SFTConfig, resolve_algorithm
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+VALID_RL = {"output_dir": "out", "steps": 3, "model": {"path": "some/model"}}
+
+
+def rl_config(*overrides: str) -> RLConfig:
+    config = config_from_dict(RLConfig, apply_overrides(VALID_RL, overrides))
+    resolve_algorithm(config)
+    return config
+
+
+def test_every_config_file_loads_and_validates():
+    kinds = {"quickstart.yaml": QuickstartConfig, "sft_arithmetic.yaml": SFTConfig, "rar_arithmetic.yaml": RLConfig}
+    assert sorted(p.name for p in CONFIGS.glob("*.yaml")) == sorted(kinds)
+    for name, cls in kinds.items():
+        config = load_config(cls, CONFIGS / name)
+        if cls is RLConfig:
+            resolve_algorithm(config)
+        task = config.task
+        build_task(task.name, task.params, task.seed)
+
+
+def test_quickstart_yaml_is_the_built_in_quickstart():
+    def resolved(config: QuickstartConfig):
+        """The config with its free-form parameters (task, algorithm) read into their own config classes."""
+        task = build_task(config.task.name, config.task.params, config.task.seed)
+        algorithm_config, _ = resolve_algorithm(config.rl_config())
+        return dataclasses.replace(config, task=None, rl=dataclasses.replace(config.rl, algorithm=None)), (
+            task, algorithm_config)
+
+    built_in = QuickstartConfig(output_dir="runs/quickstart")
+    assert resolved(load_config(QuickstartConfig, CONFIGS / "quickstart.yaml")) == resolved(built_in)
+
+
+def test_resolved_algorithm_params_hold_every_field():
+    _, resolved = resolve_algorithm(rl_config("algorithm.params.max_items=4"))
+    params = resolved.algorithm.params
+    assert params["max_items"] == 4 and params["on_judge_failure"] == "zero_reward"
+    assert params["policy_loss"]["eps_low"] == 0.2
+
+
+@pytest.mark.parametrize("override, message", [
+    ("stepz=3", "unknown config key stepz"),
+    ("rollout.group_sise=4", "unknown config key rollout.group_sise"),
+    ("steps=three", "config key steps: expected an int"),
+    ("rollout.temperature=hot", "config key rollout.temperature: expected a number"),
+    ("rollout.engine=vllm", "config key rollout.engine: expected one of"),
+    ("checkpoint.async_save=1", "config key checkpoint.async_save: expected true or false"),
+    ("optimizer.schedule=cosine", "optimizer.total_steps"),
+    ("steps=0", "steps must be >= 1"),
+    ("learner.mini_batches=5", "must split evenly"),
+    ("learner.micro_batches=3", "must split evenly"),
+    ("learner.mesh.fsdp=3", "must split evenly"),
+    ("rollout.temperature=0", "temperature 0 makes the 8 samples of a group identical"),
+    ("rollout.engine=sglang", "sglang_url is required"),
+    ("rollout.sglang_url=http://x", "sglang_url is required"),
+    ("model.init={}", "exactly one of model.path and model.init"),
+    ("eval.samples_per_example=4", "samples_per_example must be 1"),
+    ("algorithm.name=ppo", "config key algorithm.name: unknown algorithm 'ppo'"),
+    ("algorithm.params.max_itemz=4", "unknown config key algorithm.params.max_itemz"),
+    ("algorithm.params.on_judge_failure=retry", "algorithm.params.on_judge_failure: expected one of"),
+    ("algorithm.params.policy_loss.aggregation=seq_mean_token_sum_norm", "norm_constant is required"),
+    ("algorithm.params.policy_loss.eps_low=-0.1", "eps_low must be >= 0"),
+])
+def test_each_kind_of_bad_rl_config_names_its_key(override, message):
+    with pytest.raises(ValueError, match=message.replace(".", r"\.").replace("(", r"\(")):
+        rl_config(override)
+
+
+def test_a_missing_required_key_is_named():
+    with pytest.raises(ValueError, match="missing config key steps"):
+        config_from_dict(RLConfig, {"output_dir": "out", "model": {"path": "m"}})
+
+
+def test_an_init_model_must_leave_room_for_the_response():
+    with pytest.raises(ValueError, match="rollout.max_new_tokens"):
+        rl_config("model={init: {max_position_embeddings: 64}}", "rollout.max_new_tokens=64")
+
+
+@pytest.mark.parametrize("name, params, message", [
+    ("sums", {}, "task.name: unknown task 'sums'"),
+    ("arithmetic", {"max_step": 3}, "unknown config key task.params.max_step"),
+    ("arithmetic", {"min_steps": 4, "max_steps": 3}, "task.params"),
+])
+def test_bad_tasks_name_their_key(name, params, message):
+    with pytest.raises(ValueError, match=message.replace(".", r"\.")):
+        build_task(name, params, 0)
+
+
+def test_quickstart_stages_derive_valid_runs():
+    config = QuickstartConfig(output_dir="q")
+    assert config.sft_config().output_dir == "q/sft" and config.rl_config().model.path == "q/sft/model"
+    assert config.rl_config().optimizer == config.rl.optimizer
+    with pytest.raises(ValueError, match="must split evenly"):
+        dataclasses.replace(config, rl=dataclasses.replace(config.rl, learner=dataclasses.replace(
+            config.rl.learner, micro_batches=3)))
+
+
+def test_the_cli_rejects_a_bad_config_before_building_anything(tmp_path, capsys):
+    path = tmp_path / "bad.yaml"
+    path.write_text((CONFIGS / "rar_arithmetic.yaml").read_text() + "\nlearning_rate: 1e-5\n")
+    assert cli.main(["train", str(path)]) == 2
+    assert "unknown config key learning_rate" in capsys.readouterr().err
+    assert cli.main(["train", str(CONFIGS / "rar_arithmetic.yaml"), "algorithm.params.max_items=0"]) == 2
+    assert "max_items must be >= 1" in capsys.readouterr().err
+    assert cli.main(["quickstart", "--output-dir", str(tmp_path), "task.params.operators=[/]"]) == 2
+    assert "task.params" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir()) or [p.name for p in tmp_path.iterdir()] == ["bad.yaml"]
+
+
+@pytest.mark.parametrize("command", ["quickstart", "train", "sft", "eval"])
+def test_every_command_explains_itself(command, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main([command, "--help"])
+    assert exit_info.value.code == 0
+    assert len(capsys.readouterr().out) > 300
