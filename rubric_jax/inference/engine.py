@@ -28,6 +28,7 @@ from rubric_jax.models.tokenizer import apply_chat_template
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
+    from rubric_jax.inference.http import ClientStats
     from rubric_jax.models.decoder import Decoder
 
 FINISH_REASONS = ("stop", "length", "abort")
@@ -188,6 +189,10 @@ class RolloutEngine(abc.ABC):
 
     def close(self) -> None:
         """Releases the engine's resources (none by default)."""
+
+    def http_stats(self) -> Optional["ClientStats"]:
+        """The request counters (retries, failures) of the engine's HTTP client; None for in-process engines."""
+        return None
 
 
 def stale_samples(samples: Sequence[Sample], current_version: str) -> list[int]:

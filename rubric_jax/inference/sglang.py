@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence, Union
 
 from rubric_jax.inference.engine import FINISH_REASONS, Prompt, RolloutEngine, Sample, SamplingParams, prompt_token_ids
-from rubric_jax.inference.http import JsonHttpClient, MalformedResponse, RetryPolicy, decode_json
+from rubric_jax.inference.http import ClientStats, JsonHttpClient, MalformedResponse, RetryPolicy, decode_json
 from rubric_jax.models.safetensors_io import save_hf_checkpoint
 
 if TYPE_CHECKING:
@@ -323,6 +323,9 @@ class SGLangEngine(RolloutEngine):
     def close(self) -> None:
         """Closes the HTTP client (the server keeps running)."""
         self.client.close()
+
+    def http_stats(self) -> ClientStats:
+        return self.client.stats
 
     def __enter__(self) -> "SGLangEngine":
         return self

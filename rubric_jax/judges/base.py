@@ -21,6 +21,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from rubric_jax.inference.http import ClientStats
 from rubric_jax.rubrics.schema import Rubric
 
 _INT32 = np.iinfo(np.int32)
@@ -202,3 +203,7 @@ class Judge(abc.ABC):
         quick, and the outcome verifier's time limits are cheapest on the main thread. Network judges override
         it with concurrent requests."""
         return self.judge(requests, max_items)
+
+    def http_stats(self) -> Optional[ClientStats]:
+        """The request counters (retries, failures) of the judge's HTTP client; None for judges without one."""
+        return None

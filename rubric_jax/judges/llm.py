@@ -33,7 +33,7 @@ import dataclasses
 import math
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-from rubric_jax.inference.http import JsonHttpClient, MalformedResponse, RequestFailed
+from rubric_jax.inference.http import ClientStats, JsonHttpClient, MalformedResponse, RequestFailed
 from rubric_jax.judges.base import Judge, JudgeRequest, RolloutVerdict, Verdicts, check_requests
 from rubric_jax.judges.outcome import extract_boxed
 from rubric_jax.rubrics import parsing, prompts
@@ -213,6 +213,9 @@ class _LLMJudge(Judge):
 
     def judge(self, requests: Sequence[JudgeRequest], max_items: int) -> Verdicts:
         return self.chat.http.run_sync(self.ajudge(requests, max_items))
+
+    def http_stats(self) -> ClientStats:
+        return self.chat.http.stats
 
 
 class RolloutLLMJudge(_LLMJudge):

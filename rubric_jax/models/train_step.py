@@ -7,7 +7,7 @@ layouts of `sharding.param_shardings`; every batch array is split by rows over (
 
 The step is generic in the loss: `loss_fn(logp_bt, entropy_bt, batch) -> (loss_bt, token_metrics)` is any
 per-token loss (a `rubric_jax.core.losses` function through `ratio_loss`, `with_kl_penalty` on top, or
-`negative_log_likelihood` for SFT), and `token_metrics` a dict of per-token diagnostics [B, T] (e.g.
+`confidence_penalized_nll` for SFT), and `token_metrics` a dict of per-token diagnostics [B, T] (e.g.
 {"clip_fraction": clipped_bt}) that the step reports as their mean over response tokens. `aggregate` is any
 `core.aggregation` mode.
 
@@ -79,11 +79,20 @@ def with_kl_penalty(loss_fn: TokenLossFn, kl_fn: KlFn, coef: float) -> TokenLoss
     return penalised
 
 
-def negative_log_likelihood(logp_bt: jax.Array, entropy_bt: jax.Array, batch: Batch) -> tuple[jax.Array, TokenMetrics]:
-    """SFT's per-token loss, -log p(target), on the tokens of batch["response_mask_bt"] (the assistant's
-    tokens); with `aggregation.token_mean` this is the usual masked cross-entropy."""
-    del entropy_bt, batch
-    return -logp_bt, {}
+def confidence_penalized_nll(coef: float) -> TokenLossFn:
+    """SFT's per-token loss on the tokens of batch["response_mask_bt"] (the assistant's): -log p(target), with
+    `aggregation.token_mean` the usual masked cross-entropy, minus coef * H(p), the confidence penalty of
+    Pereyra et al. 2017 ("Regularizing neural networks by penalizing confident output distributions"), H the
+    entropy of the next-token distribution at the scored position. coef > 0 keeps the cloned policy from
+    collapsing onto its demonstrations, so that it still explores when sampled."""
+    if not coef >= 0:
+        raise ValueError(f"coef must be >= 0, got {coef!r}")
+
+    def loss_fn(logp_bt, entropy_bt, batch):
+        del batch
+        return -logp_bt - coef * entropy_bt, {}
+
+    return loss_fn
 
 
 def init_train_state(

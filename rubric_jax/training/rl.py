@@ -75,6 +75,17 @@ def _mismatch_metrics(batch: dict[str, np.ndarray], old_logp_bt: np.ndarray) -> 
     return {"mismatch/k3": float(np.mean(np.expm1(delta) - delta)), "mismatch/max_abs": float(np.abs(delta).max())}
 
 
+def _request_metrics(name: str, stats, seen: dict[str, int]) -> dict[str, float]:
+    """This step's requests, retries and failed requests of an HTTP client (`ClientStats` counts since its
+    creation; `seen` holds the counts already reported, and is updated). {} for a client-less engine or judge."""
+    if stats is None:
+        return {}
+    counts = {"requests": stats.requests, "retries": stats.retries, "request_failures": stats.failures}
+    metrics = {f"{name}/{key}": float(value - seen.get(key, 0)) for key, value in counts.items()}
+    seen.update(counts)
+    return metrics
+
+
 class _Learner:
     """The jitted steps of one run, compiled per prompt width (the learner's `first_scored`)."""
 
@@ -155,6 +166,8 @@ def train_rl(config: RLConfig, task: Any, *, judge=None, model=None, tokenizer=N
 
     writer = runs.open_metrics(out, config.metrics, config.steps, meta)
     metrics: dict[str, float] = {}
+    judge_requests_seen: dict[str, int] = {}
+    engine_requests_seen: dict[str, int] = {}
     with writer, checkpointer, contextlib.closing(engine):
         for step in range(start, config.steps):
             timer.reset()
@@ -173,6 +186,8 @@ def train_rl(config: RLConfig, task: Any, *, judge=None, model=None, tokenizer=N
             with timer.phase("sync"):
                 engine.update_weights(nnx.merge(graphdef, policy.copy_params(state.params)), f"step-{step + 1}")
             metrics = {**experience.metrics, **train_metrics, **_mismatch_metrics(batch, old_logp_bt),
+                       **_request_metrics("judge", judge.http_stats(), judge_requests_seen),
+                       **_request_metrics("engine", engine.http_stats(), engine_requests_seen),
                        "train/learning_rate": float(schedule((step + 1) * updates_per_step - 1))}
             if config.eval.every_steps and (step + 1) % config.eval.every_steps == 0:
                 with timer.phase("eval"):

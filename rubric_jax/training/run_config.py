@@ -226,6 +226,7 @@ class SFTConfig:
     batch_size: int = 32
     micro_batches: int = 1
     max_response_tokens: int = 128
+    confidence_penalty: float = 0.0
     chunk_size: int = 256
     mesh: MeshConfig = MeshConfig()
     optimizer: OptimizerConfig = OptimizerConfig(learning_rate=1e-3, warmup_steps=10)
@@ -236,23 +237,25 @@ class SFTConfig:
         _require(self.steps >= 1, f"steps must be >= 1, got {self.steps}")
         _require(self.batch_size >= 1, f"batch_size must be >= 1, got {self.batch_size}")
         _require(self.micro_batches >= 1, f"micro_batches must be >= 1, got {self.micro_batches}")
+        _require(self.confidence_penalty >= 0, f"confidence_penalty must be >= 0, got {self.confidence_penalty}")
         _require(self.batch_size % (self.micro_batches * self.mesh.batch_shards) == 0,
                  f"batch_size ({self.batch_size}) must split evenly into micro_batches ({self.micro_batches}) "
                  f"x the mesh's data * fsdp ({self.mesh.batch_shards})")
 
 
-QUICKSTART_SFT_STEPS = 400
+QUICKSTART_SFT_STEPS = 800
 QUICKSTART_RL_STEPS = 120
 
 
 @dataclasses.dataclass(frozen=True)
 class SFTStage:
-    """The quickstart's SFT run: deliberately short of convergence, so the warm-started policy has the format
-    and part of the arithmetic, and RL has something left to learn."""
+    """The quickstart's SFT run, with a confidence penalty that keeps the cloned policy exploratory: sampled at
+    temperature 1 it still slips often enough for RL to have something to learn from."""
 
     steps: int = QUICKSTART_SFT_STEPS
     batch_size: int = 32
     micro_batches: int = 1
+    confidence_penalty: float = 0.1
     optimizer: OptimizerConfig = OptimizerConfig(
         learning_rate=3e-3, weight_decay=0.0, warmup_steps=20, schedule="cosine", total_steps=QUICKSTART_SFT_STEPS,
         min_lr_ratio=0.1)
@@ -294,7 +297,8 @@ class QuickstartConfig:
         return SFTConfig(
             output_dir=f"{self.output_dir}/sft", steps=self.sft.steps, model=ModelSpec(init=self.model),
             seed=self.seed, task=self.task, batch_size=self.sft.batch_size, micro_batches=self.sft.micro_batches,
-            max_response_tokens=self.rl.rollout.max_new_tokens, optimizer=self.sft.optimizer, checkpoint=self.checkpoint, metrics=self.metrics,
+            max_response_tokens=self.rl.rollout.max_new_tokens, confidence_penalty=self.sft.confidence_penalty,
+            optimizer=self.sft.optimizer, checkpoint=self.checkpoint, metrics=self.metrics,
         )
 
     def rl_config(self) -> RLConfig:

@@ -4,8 +4,8 @@ train-step code as RL.
 
 Each example is the task's prompt rendered by the chat template with the assistant header (as the rollout
 engine renders it) followed by the task's `solution(example)` and the end-of-turn token; only the solution and
-that token are scored (`train_step.negative_log_likelihood`, token-mean over the batch), so the model learns to
-answer and to stop, not to produce prompts. The step's `first_scored` skips the prompt region. Batches come from
+that token are scored (`train_step.confidence_penalized_nll`, token-mean over the batch; with an optional
+confidence penalty), so the model learns to answer and to stop, not to produce prompts. The step's `first_scored` skips the prompt region. Batches come from
 the task's train stream in order; checkpoints (params, optimizer state, data position, last metrics) resume
 exactly as in RL. At the end the model is saved as a Hugging Face directory `output_dir/model` with its
 tokenizer, which `ModelSpec(path=...)`, transformers and SGLang load.
@@ -26,7 +26,7 @@ from rubric_jax.training.metrics import PhaseTimer
 from rubric_jax.training.optim import learning_rate_schedule, make_optimizer
 from rubric_jax.training.run_config import SFTConfig
 
-SFT_PLOTS = {"sft_loss": ("train/loss",), "sft_grad_norm": ("train/grad_norm",)}
+SFT_PLOTS = {"sft_loss": ("train/loss",), "sft_entropy": ("train/entropy",), "sft_grad_norm": ("train/grad_norm",)}
 
 
 def sft_batch(task: Any, tokenizer: Any, examples, max_response_tokens: int) -> tuple[dict[str, np.ndarray], int]:
@@ -68,13 +68,13 @@ def train_sft(config: SFTConfig, task: Any, *, model=None, tokenizer=None) -> di
                                      config.max_response_tokens)
             if width not in steps:
                 steps[width] = train_step.make_train_step(
-                    graphdef, optimizer, train_step.negative_log_likelihood, mesh=mesh,
+                    graphdef, optimizer, train_step.confidence_penalized_nll(config.confidence_penalty), mesh=mesh,
                     abstract_params=state.params, rules=rules, micro_batches=config.micro_batches,
                     chunk_size=config.chunk_size, first_scored=width)
             with timer.phase("update"):
                 state.params, state.opt_state, step_metrics = steps[width](state.params, state.opt_state, batch)
                 step_metrics = jax.device_get(step_metrics)
-            metrics = {f"train/{k}": float(v) for k, v in step_metrics.items() if k != "entropy"}
+            metrics = {f"train/{k}": float(v) for k, v in step_metrics.items()}
             metrics["train/tokens"] = float(batch["response_mask_bt"].sum())
             metrics["train/learning_rate"] = float(schedule(step))
             if (step + 1) % config.checkpoint.every_steps == 0 or step + 1 == config.steps:

@@ -106,8 +106,8 @@ def test_kl_penalty_adds_coef_times_kl_per_token():
     assert penalised["kl"] > 0
 
 
-def test_negative_log_likelihood_is_the_masked_cross_entropy_of_full_logits():
-    metrics, _ = one_step(train_step.negative_log_likelihood)
+def test_the_sft_loss_is_the_masked_cross_entropy_of_full_logits():
+    metrics, _ = one_step(train_step.confidence_penalized_nll(0.0))
     model = Decoder(CONFIG, rngs=nnx.Rngs(0))
     batch = policy_batch()
     hidden, _ = model(batch["tokens_bt"], batch["positions_bt"], batch["attention_mask_bt"])
@@ -134,3 +134,12 @@ def test_make_logprobs_fn_equals_sequence_logprobs():
         "tokens_bt", "positions_bt", "attention_mask_bt", "response_mask_bt")), chunk_size=4)
     np.testing.assert_allclose(logprobs(params, batch), expected, **TOL)
     assert jnp.any(expected != 0)
+
+
+def test_the_confidence_penalty_subtracts_coef_times_the_mean_entropy():
+    plain, _ = one_step(train_step.confidence_penalized_nll(0.0))
+    penalised, _ = one_step(train_step.confidence_penalized_nll(0.25))
+    assert penalised["entropy"] == plain["entropy"] > 0
+    np.testing.assert_allclose(penalised["loss"], plain["loss"] - 0.25 * plain["entropy"], **TOL)
+    with pytest.raises(ValueError, match="coef"):
+        train_step.confidence_penalized_nll(-1.0)

@@ -131,3 +131,24 @@ def test_each_step_syncs_its_weights_to_the_engine(tmp_path, monkeypatch):
     assert not np.array_equal(versions[0][1], versions[1][1])
     line = read_metrics(tmp_path / "run" / "metrics.jsonl")[-1]
     assert json.dumps(line)  # plain JSON
+
+
+def test_request_metrics_report_each_steps_retries_and_failures():
+    from rubric_jax.inference.http import ClientStats, JsonHttpClient
+    from rubric_jax.judges import ChatClient, ChatSettings, RolloutLLMJudge, srar_format
+    from rubric_jax.training.rl import _request_metrics
+
+    http = JsonHttpClient("http://127.0.0.1:9")
+    try:
+        judge = RolloutLLMJudge(ChatClient(http, ChatSettings(model="judge")), srar_format())
+        assert judge.http_stats() is http.stats
+    finally:
+        http.close()
+    assert toy_task().judge().http_stats() is None
+    stats, seen = ClientStats(requests=10, retries=3, failures=1), {}
+    assert _request_metrics("judge", stats, seen) == {"judge/requests": 10, "judge/retries": 3,
+                                                      "judge/request_failures": 1}
+    stats.requests, stats.retries = 14, 5
+    assert _request_metrics("judge", stats, seen) == {"judge/requests": 4, "judge/retries": 2,
+                                                      "judge/request_failures": 0}
+    assert _request_metrics("engine", None, {}) == {}

@@ -41,7 +41,7 @@ def test_the_sft_update_optimises_the_masked_cross_entropy_on_a_repeated_batch()
     batch, width = sft_batch(task, tokenizer, task.train_stream(0).next_batch(8), max_response_tokens=64)
     graphdef, params = nnx.split(model)
     optimizer = optax.adam(1e-2)
-    step = train_step.make_train_step(graphdef, optimizer, train_step.negative_log_likelihood, mesh=mesh,
+    step = train_step.make_train_step(graphdef, optimizer, train_step.confidence_penalized_nll(0.0), mesh=mesh,
                                       abstract_params=params, rules=sharding.partition_rules(model.config),
                                       first_scored=width)
     params, opt_state = policy.copy_params(params), optimizer.init(params)
