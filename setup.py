@@ -18,6 +18,8 @@ setup(
         "chex>=0.1.89",
         # transformers is used for tokenizers and configs only; it does not pull torch.
         "transformers>=4.51.0",
+        # chat templates (transformers renders them with jinja2 but does not require it)
+        "jinja2>=3.1",
         "tensorstore>=0.1.71",
         "numpy>=1.26",
         # read and written directly by rubric_jax.models.safetensors_io (bfloat16 through ml_dtypes)
