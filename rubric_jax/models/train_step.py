@@ -12,10 +12,11 @@ per-token loss (a `rubric_jax.core.losses` function through `ratio_loss`, `with_
 `core.aggregation` mode.
 
 Gradient accumulation is exact: with `micro_batches = M` the batch's rows are dealt into M micro-batches (row
-i goes to micro-batch i mod M, so each keeps its share of every device's rows), the gradients of the
-aggregation's loss *sums* are summed over a `lax.scan`, and divided once by the summed denominator. The
-denominators depend only on the masks, so this is the gradient of the full batch's loss for every
-aggregation mode, up to float summation order (`core.aggregation`). Token-mean metrics accumulate the same way.
+i goes to micro-batch i mod M, so each keeps its share of every device's rows), and the gradients of the
+aggregation's loss *sums*, each divided by the whole batch's denominator (known before any micro-batch: it
+depends only on the masks), are summed over a `lax.scan`: the gradient of the full batch's loss for every
+aggregation mode, up to float summation order (`core.aggregation`). Token-mean metrics accumulate as
+(sum, count) pairs.
 
 Batch: a dict of [B, ...] arrays. The step reads "tokens_bt", "positions_bt", "attention_mask_bt" and
 "response_mask_bt"; everything else ("old_logp_bt", "advantages_bt", "ref_logp_bt", ...) is for `loss_fn`.
@@ -152,7 +153,7 @@ def make_train_step(
     opt_shardings = sharding.param_shardings(jax.eval_shape(optimizer.init, abstract_params), mesh, rules)
     replicated = NamedSharding(mesh, PartitionSpec())
 
-    def loss_sum_and_metric_sums(params, batch):
+    def scaled_loss_and_sums(params, batch, scale):
         model = nnx.merge(graphdef, params)
         mask_bt = batch["response_mask_bt"]
         logp_bt, entropy_bt = sequence_logprobs(
@@ -168,28 +169,30 @@ def make_train_step(
             name: aggregation.token_mean(values_bt, mask_bt)
             for name, values_bt in {"entropy": entropy_bt, **token_metrics}.items()
         }
-        return terms.loss_sum, (terms, metric_sums)
+        return terms.loss_sum * scale, (terms, metric_sums)
 
-    grad_fn = jax.grad(loss_sum_and_metric_sums, has_aux=True)
+    grad_fn = jax.grad(scaled_loss_and_sums, has_aux=True)
 
-    def accumulated_grads(params, batch):
+    def accumulated_grads(params, batch, scale):
         if micro_batches == 1:
-            return grad_fn(params, batch)
+            return grad_fn(params, batch, scale)
 
         def body(total, micro_batch):
-            grads, aux = grad_fn(params, micro_batch)
+            grads, aux = grad_fn(params, micro_batch, scale)
             return jax.tree.map(jnp.add, total, (grads, aux)), None
 
         micro = _deal_rows(batch, micro_batches)
-        shapes = jax.eval_shape(grad_fn, params, jax.tree.map(lambda x: x[0], micro))
+        shapes = jax.eval_shape(grad_fn, params, jax.tree.map(lambda x: x[0], micro), scale)
         zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
         return jax.lax.scan(body, zeros, micro)[0]
 
     def step(params, opt_state, batch):
-        grad_sums, (terms, metric_sums) = accumulated_grads(params, batch)
-        # The denominator is a constant of the parameters: d(sum / n) = d(sum) / n, and 0 for an empty batch.
-        scale = aggregation.finalize(jnp.ones((), terms.loss_sum.dtype), terms.denominator)
-        grads = jax.tree.map(lambda g: (g * scale).astype(g.dtype), grad_sums)
+        # The denominator depends on the masks only, so it is known before any micro-batch: each micro-batch's
+        # gradient is d(loss_sum) / n with the whole batch's n, and their sum is the full batch's gradient.
+        mask_bt = batch["response_mask_bt"]
+        denominator = aggregate(jnp.zeros(mask_bt.shape, jnp.float32), mask_bt).denominator
+        scale = aggregation.finalize(jnp.ones((), denominator.dtype), denominator)
+        grads, (terms, metric_sums) = accumulated_grads(params, batch, scale)
         updates, opt_state = optimizer.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
         metrics = {name: aggregation.finalize(*pair) for name, pair in metric_sums.items()}
