@@ -34,7 +34,7 @@ def evaluate(
     max_new_tokens: int,
     seed: int,
 ) -> dict[str, float]:
-    """The module docstring's metrics for `examples` (every rubric must fit in 64 items)."""
+    """The module docstring's metrics for `examples`."""
     k = config.samples_per_example
     params = SamplingParams(max_new_tokens=max_new_tokens, n=k, temperature=config.temperature, seed=seed)
     samples = engine.generate([task.prompt(e) for e in examples], params)
