@@ -10,7 +10,7 @@ import json
 import sys
 from typing import Optional, Sequence
 
-from rubric_jax.training.config import load_config
+from rubric_jax.training.config import apply_overrides, config_from_dict, load_config
 from rubric_jax.training.run_config import EvalConfig, QuickstartConfig, RLConfig, SFTConfig, resolve_algorithm
 
 DESCRIPTION = """Rubric-based RL of LLMs in JAX.
@@ -73,8 +73,6 @@ def _quickstart_config(args) -> QuickstartConfig:
     overrides = [f"output_dir={args.output_dir}", *args.overrides]
     if args.config:
         return load_config(QuickstartConfig, args.config, overrides)
-    from rubric_jax.training.config import apply_overrides, config_from_dict  # noqa: PLC0415
-
     return config_from_dict(QuickstartConfig, apply_overrides({}, overrides))
 
 
