@@ -175,6 +175,11 @@ class Rollouts:
         return np.array([s.prompt_index for s in self.samples], np.int32)
 
 
+def padded_prompt_width(prompt_ids: Sequence[Sequence[int]]) -> int:
+    """The longest prompt's length rounded up to PROMPT_WIDTH_MULTIPLE: the learner's prompt region."""
+    return -(-max(len(ids) for ids in prompt_ids) // PROMPT_WIDTH_MULTIPLE) * PROMPT_WIDTH_MULTIPLE
+
+
 def sample_groups(prompts: Sequence[Any], context: RolloutContext, step: int) -> Rollouts:
     """`sampling.n` samples per prompt (chat messages or ids) from the engine, seeded by (run seed, step) (so a
     resumed run samples what the uninterrupted one did), decoded (`steps.response_text`, the text whose steps the
@@ -184,7 +189,7 @@ def sample_groups(prompts: Sequence[Any], context: RolloutContext, step: int) ->
     with context.timer.phase("generation"):
         samples = context.engine.generate(list(prompts), params)
     prompt_ids = [prompt_token_ids(prompt, context.tokenizer) for prompt in prompts]
-    prompt_width = -(-max(len(ids) for ids in prompt_ids) // PROMPT_WIDTH_MULTIPLE) * PROMPT_WIDTH_MULTIPLE
+    prompt_width = padded_prompt_width(prompt_ids)
     response_width = params.max_new_tokens
     batch = train_step.pack_sequences(
         [prompt_ids[s.prompt_index] for s in samples],

@@ -17,7 +17,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from rubric_jax.algorithms.base import PROMPT_WIDTH_MULTIPLE
+from rubric_jax.algorithms.base import padded_prompt_width
 from rubric_jax.models import sharding, train_step
 from rubric_jax.models.tokenizer import apply_chat_template
 from rubric_jax.training import policy, runs
@@ -34,7 +34,7 @@ def sft_batch(task: Any, tokenizer: Any, examples, max_response_tokens: int) -> 
     eos_ids, pad_id = policy.eos_and_pad(tokenizer)
     prompts = [apply_chat_template(tokenizer, task.prompt(e)) for e in examples]
     responses = [tokenizer.encode(task.solution(e), add_special_tokens=False) + eos_ids[:1] for e in examples]
-    width = -(-max(len(p) for p in prompts) // PROMPT_WIDTH_MULTIPLE) * PROMPT_WIDTH_MULTIPLE
+    width = padded_prompt_width(prompts)
     return train_step.pack_sequences(prompts, responses, pad_id=pad_id, prompt_width=width,
                                      response_width=max_response_tokens), width
 
