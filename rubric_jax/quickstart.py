@@ -39,7 +39,7 @@ def evaluate_directory(model_dir: Path, task: Any, config: EvalConfig, *, max_ne
 
 
 def _table(before: dict[str, float], after: dict[str, float]) -> str:
-    names = [n for n in before if n in after and not n.startswith("eval/judge/failed")]
+    names = [n for n in before if n in after and not n.startswith(("eval/judge/failed", "eval/srar/"))]
     width = max(len(n) for n in names)
     rows = [f"{'held-out metric':<{width}}  {'after SFT':>9}  {'after RL':>9}  {'change':>8}"]
     rows += [f"{n:<{width}}  {before[n]:9.3f}  {after[n]:9.3f}  {after[n] - before[n]:+8.3f}" for n in names]

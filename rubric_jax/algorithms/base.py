@@ -10,7 +10,10 @@ The trainer (`rubric_jax.training.rl`) then recomputes the old logprobs, runs th
 Conventions:
 - Experience.batch is the `train_step.pack_sequences` layout plus "rollout_logp_bt" (the engine's logprobs,
   kept for mismatch diagnostics and corrections) and "advantages_bt"; a recipe may add per-token arrays of its
-  own for its loss. The trainer adds "old_logp_bt" and, when the recipe asks for a reference, "ref_logp_bt".
+  own for its loss. Per-token arrays are named "*_bt" ([B, T], ...), per-row arrays anything else ([B], ...).
+  The trainer pads the rows to a multiple of its mini-batch split with copies of row 0 whose response mask is
+  off, so a recipe may return any number of rows. The trainer adds "old_logp_bt" and, when the recipe asks for
+  a reference, "ref_logp_bt".
 - Rows are prompt-major, G consecutive rows per prompt, and row b's group id is b // G.
 - Metrics are flat {name: float} with "/"-separated names: "reward/...", "rubric/<criterion name>",
   "judge/...", "response/...", "advantage/...", "outcome/accuracy".
@@ -80,13 +83,35 @@ class Experience:
 
 @dataclasses.dataclass(frozen=True)
 class PolicyLossConfig:
-    """The policy loss most recipes share: PPO's clipped ratio (eps_low / eps_high: DAPO's clip-higher when
-    they differ), an optional KL penalty against the frozen initial policy (`kl_coef` > 0 makes the trainer keep
-    a reference copy; `kl_estimator` a `core.kl` estimator), and the loss aggregation mode (`norm_constant` is
-    Dr.GRPO's constant, required by seq_mean_token_sum_norm only)."""
+    """The policy loss every recipe shares (`policy_loss_fn`, `aggregate_fn`); the defaults are plain PPO.
 
+    - `loss`: "ppo", PPO's clipped token ratio with clip range (eps_low, eps_high), DAPO's clip-higher when
+      they differ (`core.losses.ppo_clip_loss`); "dual_clip", the same with a negative-advantage token's loss
+      capped at -A c, c = `clip_ratio_c` > 1 (`dual_clip_ppo_loss`; rubric_grounded_rl.txt, Appendix C); "gspo",
+      GSPO's clipped sequence ratio (`gspo_loss`), whose range is orders of magnitude narrower and so has its own
+      fields (gspo_eps_low, gspo_eps_high: the GSPO paper's 3e-4, 4e-4) and which needs the sequence-level
+      aggregation seq_mean_token_mean (with token_mean long responses would weigh more, REFERENCE.md section 4,
+      item 9).
+    - `rollout_correction`: rollout/train mismatch weights, w = pi_old / pi_rollout from the learner's old
+      logprobs and the engine's, detached, multiplying each token's policy loss (the KL term is not reweighted)
+      (`train_step.with_rollout_correction`): "tis" min(w, tis_cap); "icepop" w inside [is_low, is_high], else 0;
+      "seq_mask_tis" a whole sequence zeroed when its geometric-mean w leaves [is_low, is_high]; "none".
+    - `kl_coef` > 0 adds a KL penalty against the frozen initial policy (the trainer then keeps a reference
+      copy); `kl_estimator` names a `core.kl` estimator.
+    - `aggregation`: a `core.aggregation` mode; `norm_constant` is Dr.GRPO's constant, required by
+      seq_mean_token_sum_norm only.
+    """
+
+    loss: Literal["ppo", "dual_clip", "gspo"] = "ppo"
     eps_low: float = 0.2
     eps_high: float = 0.2
+    clip_ratio_c: float = 3.0
+    gspo_eps_low: float = 3e-4
+    gspo_eps_high: float = 4e-4
+    rollout_correction: Literal["none", "tis", "icepop", "seq_mask_tis"] = "none"
+    tis_cap: float = 2.0
+    is_low: float = 0.5
+    is_high: float = 5.0
     kl_coef: float = 0.0
     kl_estimator: Literal["k1", "k2", "k3", "k1_k2_grad", "k3_k2_grad"] = "k3"
     aggregation: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"] = (
@@ -95,16 +120,47 @@ class PolicyLossConfig:
     norm_constant: Optional[float] = None
 
     def __post_init__(self):
-        for name in ("eps_low", "eps_high", "kl_coef"):
+        for name in ("eps_low", "eps_high", "gspo_eps_low", "gspo_eps_high", "kl_coef", "is_low"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
+        if not self.clip_ratio_c > 1:
+            raise ValueError(f"clip_ratio_c must be > 1 (the dual clip's c), got {self.clip_ratio_c!r}")
+        if not self.tis_cap > 0:
+            raise ValueError(f"tis_cap must be > 0, got {self.tis_cap!r}")
+        if not self.is_high >= self.is_low:
+            raise ValueError(f"is_high must be >= is_low, got [{self.is_low!r}, {self.is_high!r}]")
+        if self.loss == "gspo" and self.aggregation != "seq_mean_token_mean":
+            raise ValueError(f"loss gspo needs aggregation seq_mean_token_mean (GSPO's sequence-level objective), "
+                             f"got {self.aggregation}")
         if (self.aggregation == "seq_mean_token_sum_norm") != (self.norm_constant is not None):
             raise ValueError("norm_constant is required by aggregation seq_mean_token_sum_norm, and only by it")
 
 
+def _ratio_loss(config: PolicyLossConfig) -> train_step.TokenLossFn:
+    if config.loss == "gspo":
+        return train_step.ratio_loss(losses.gspo_loss, eps_low=config.gspo_eps_low, eps_high=config.gspo_eps_high)
+    if config.loss == "dual_clip":
+        return train_step.ratio_loss(losses.dual_clip_ppo_loss, eps_low=config.eps_low, eps_high=config.eps_high,
+                                     clip_ratio_c=config.clip_ratio_c)
+    return train_step.ratio_loss(losses.ppo_clip_loss, eps_low=config.eps_low, eps_high=config.eps_high)
+
+
+def _rollout_weights(config: PolicyLossConfig) -> train_step.WeightsFn:
+    if config.rollout_correction == "tis":
+        return lambda old, rollout, mask: losses.tis_weights(old, rollout, mask, cap=config.tis_cap)
+    if config.rollout_correction == "icepop":
+        return lambda old, rollout, mask: losses.icepop_weights(old, rollout, mask, low=config.is_low,
+                                                                high=config.is_high)
+    return lambda old, rollout, mask: losses.seq_mask_tis_weights(old, rollout, mask, low=config.is_low,
+                                                                  high=config.is_high)
+
+
 def policy_loss_fn(config: PolicyLossConfig) -> train_step.TokenLossFn:
-    """PPO clip with `config`'s clip range, plus the KL penalty when kl_coef > 0."""
-    loss_fn = train_step.ratio_loss(losses.ppo_clip_loss, eps_low=config.eps_low, eps_high=config.eps_high)
+    """The per-token loss `config` describes: the ratio loss, times the rollout-correction weights when one is
+    chosen, plus the KL penalty when kl_coef > 0."""
+    loss_fn = _ratio_loss(config)
+    if config.rollout_correction != "none":
+        loss_fn = train_step.with_rollout_correction(loss_fn, _rollout_weights(config))
     if config.kl_coef > 0:
         estimator = getattr(kl, f"kl_{config.kl_estimator}")
         loss_fn = train_step.with_kl_penalty(loss_fn, estimator, config.kl_coef)
@@ -180,11 +236,15 @@ def padded_prompt_width(prompt_ids: Sequence[Sequence[int]]) -> int:
     return -(-max(len(ids) for ids in prompt_ids) // PROMPT_WIDTH_MULTIPLE) * PROMPT_WIDTH_MULTIPLE
 
 
-def sample_groups(prompts: Sequence[Any], context: RolloutContext, step: int) -> Rollouts:
+def sample_groups(prompts: Sequence[Any], context: RolloutContext, step: int, *, stream: int = 0) -> Rollouts:
     """`sampling.n` samples per prompt (chat messages or ids) from the engine, seeded by (run seed, step) (so a
     resumed run samples what the uninterrupted one did), decoded (`steps.response_text`, the text whose steps the
-    judge numbers) and packed for the learner with the rollout logprobs."""
-    seed = int(np.random.SeedSequence((context.seed, step)).generate_state(1)[0] >> 1)
+    judge numbers) and packed for the learner with the rollout logprobs.
+
+    A recipe that samples several times in one step (one call per role, a refinement pass) gives each call its
+    own `stream` number, so that the calls draw independent randomness."""
+    entropy = (context.seed, step) if stream == 0 else (context.seed, step, stream)
+    seed = int(np.random.SeedSequence(entropy).generate_state(1)[0] >> 1)
     params = dataclasses.replace(context.sampling, seed=seed)
     with context.timer.phase("generation"):
         samples = context.engine.generate(list(prompts), params)
@@ -202,6 +262,42 @@ def sample_groups(prompts: Sequence[Any], context: RolloutContext, step: int) ->
     batch["rollout_logp_bt"] = np.pad(rollout.logprobs_bt, ((0, 0), (prompt_width, 0)))
     texts = [response_text(context.tokenizer, s.output_ids) for s in samples]
     return Rollouts(samples=samples, texts=texts, batch=batch, prompt_width=prompt_width)
+
+
+def concat_batches(parts: Sequence[tuple[Mapping[str, np.ndarray], int]], pad_id: int) -> tuple[dict, int]:
+    """Rows of several packed batches (`pack_sequences` layout plus per-token and per-row arrays), each given with
+    its prompt width, as one batch: every part is re-padded to the widest prompt region (left) and the longest
+    response region (right), so all responses start at the returned prompt width. Token ids pad with `pad_id`,
+    every other per-token array with 0 / False; per-row arrays ([B] or [B, K]) are concatenated as they are and
+    must agree in trailing shape; the result equals packing every row at the common widths. The parts must have
+    the same keys. For recipes whose roles have different prompts (RLCER's rubricator reads a CoT, RGR's
+    refinement pass) but train in one update."""
+    if not parts:
+        raise ValueError("concat_batches needs at least one part")
+    keys = set(parts[0][0])
+    if any(set(batch) != keys for batch, _ in parts):
+        raise ValueError(f"parts have different keys: {[sorted(batch) for batch, _ in parts]}")
+    prompt_width = max(width for _, width in parts)
+    response_width = max(batch["tokens_bt"].shape[1] - width for batch, width in parts)
+    merged = {}
+    for key in sorted(keys):
+        arrays = []
+        for batch, width in parts:
+            value = np.asarray(batch[key])
+            length = batch["tokens_bt"].shape[1]
+            if key.endswith("_bt"):
+                if value.shape[:2] != batch["tokens_bt"].shape:
+                    raise ValueError(f"{key} has shape {value.shape}, expected {batch['tokens_bt'].shape}")
+                trailing = ((0, 0),) * (value.ndim - 2)
+                value = np.pad(value, ((0, 0), (prompt_width - width, 0)) + trailing,
+                               constant_values=pad_id if key == "tokens_bt" else 0)
+                right = ((0, 0), (0, response_width - (length - width))) + trailing
+                # positions carry the last one into the right padding, as pack_sequences lays them out
+                value = np.pad(value, right, mode="edge") if key == "positions_bt" else np.pad(
+                    value, right, constant_values=pad_id if key == "tokens_bt" else 0)
+            arrays.append(value)
+        merged[key] = np.concatenate(arrays, axis=0)
+    return merged, prompt_width
 
 
 def judge_rollouts(

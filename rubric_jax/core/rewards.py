@@ -74,6 +74,18 @@ def weighted_fraction(satisfied_bk: jax.Array, weights_bk: jax.Array, item_mask_
     return _ratio_or_zero(jnp.sum(weights * satisfied, axis=1), jnp.sum(weights, axis=1))
 
 
+def typed_item_credit(satisfied_bk: jax.Array, item_kind_bk: jax.Array, failed_b: jax.Array) -> jax.Array:
+    """Per-item credit [B, K] of a typed (SRaR-style) rubric scored at the response level: a PITFALL item is
+    "satisfied" when the response falls into it, so it earns credit when avoided (1 - s); every other item earns
+    s. A failed judgement (`failed_b`) earns nothing: 0 everywhere, so an avoided-pitfall credit is never paid
+    for a verdict that does not exist. For untyped rubrics (no PITFALL) the credit is s on judged rows.
+    Feed it to `weighted_fraction` for RaR's reward of a typed rubric."""
+    chex.assert_rank([satisfied_bk, item_kind_bk, failed_b], [2, 2, 1])
+    satisfied = as_stats_dtype(satisfied_bk)
+    credit = jnp.where(jnp.asarray(item_kind_bk) == PITFALL, 1 - satisfied, satisfied)
+    return jnp.where(jnp.asarray(failed_b).astype(bool)[:, None], 0, credit)
+
+
 def positive_points_score(satisfied_bk: jax.Array, points_bk: jax.Array, item_mask_bk: jax.Array) -> jax.Array:
     """Points of the met items, negatives included, over the sum of positive points, [B].
 

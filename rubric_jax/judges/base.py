@@ -207,3 +207,6 @@ class Judge(abc.ABC):
     def http_stats(self) -> Optional[ClientStats]:
         """The request counters (retries, failures) of the judge's HTTP client; None for judges without one."""
         return None
+
+    def close(self) -> None:
+        """Releases the judge's connections (its HTTP client's); a no-op for judges without any."""

@@ -217,6 +217,9 @@ class _LLMJudge(Judge):
     def http_stats(self) -> ClientStats:
         return self.chat.http.stats
 
+    def close(self) -> None:
+        self.chat.http.close()
+
 
 class RolloutLLMJudge(_LLMJudge):
     """One chat call per rollout with every rubric item (module docstring); `fmt` is e.g. `srar_format()`."""

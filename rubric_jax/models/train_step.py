@@ -6,8 +6,8 @@ no other variables) and an optax optimizer state. Both are donated to the step a
 layouts of `sharding.param_shardings`; every batch array is split by rows over (data, fsdp).
 
 The step is generic in the loss: `loss_fn(logp_bt, entropy_bt, batch) -> (loss_bt, token_metrics)` is any
-per-token loss (a `rubric_jax.core.losses` function through `ratio_loss`, `with_kl_penalty` on top, or
-`confidence_penalized_nll` for SFT), and `token_metrics` a dict of per-token diagnostics [B, T] (e.g.
+per-token loss (a `rubric_jax.core.losses` function through `ratio_loss`, with `with_rollout_correction` and
+`with_kl_penalty` on top, or `confidence_penalized_nll` for SFT), and `token_metrics` a dict of per-token diagnostics [B, T] (e.g.
 {"clip_fraction": clipped_bt}) that the step reports as their mean over response tokens. `aggregate` is any
 `core.aggregation` mode.
 
@@ -43,6 +43,7 @@ TokenMetrics = Mapping[str, jax.Array]
 TokenLossFn = Callable[[jax.Array, jax.Array, Batch], tuple[jax.Array, TokenMetrics]]
 AggregateFn = Callable[[jax.Array, jax.Array], aggregation.LossTerms]
 KlFn = Callable[[jax.Array, jax.Array, jax.Array], jax.Array]
+WeightsFn = Callable[[jax.Array, jax.Array, jax.Array], jax.Array]
 
 _POLICY_INPUTS = ("tokens_bt", "positions_bt", "attention_mask_bt", "response_mask_bt")
 
@@ -78,6 +79,22 @@ def with_kl_penalty(loss_fn: TokenLossFn, kl_fn: KlFn, coef: float) -> TokenLoss
         return loss_bt + coef * kl_bt, {**metrics, "kl": kl_bt}
 
     return penalised
+
+
+def with_rollout_correction(loss_fn: TokenLossFn, weights_fn: WeightsFn) -> TokenLossFn:
+    """`loss_fn`'s per-token loss times the rollout/train mismatch weights
+    weights_fn(batch["old_logp_bt"], batch["rollout_logp_bt"], batch["response_mask_bt"]), a `core.losses`
+    correction (tis_weights, icepop_weights, seq_mask_tis_weights: detached, 0 on masked and non-finite tokens).
+    A token weighted 0 stays in the aggregation's denominator: it is dropped from the gradient, not from the batch.
+    Wrap the policy loss before `with_kl_penalty`, so that the KL term is not reweighted. Adds the token metrics
+    "is_weight" (the weights) and "is_zeroed" (tokens whose weight is 0)."""
+
+    def corrected(logp_bt, entropy_bt, batch):
+        loss_bt, metrics = loss_fn(logp_bt, entropy_bt, batch)
+        weights_bt = weights_fn(batch["old_logp_bt"], batch["rollout_logp_bt"], batch["response_mask_bt"])
+        return loss_bt * weights_bt, {**metrics, "is_weight": weights_bt, "is_zeroed": weights_bt == 0}
+
+    return corrected
 
 
 def confidence_penalized_nll(coef: float) -> TokenLossFn:

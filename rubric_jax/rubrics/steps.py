@@ -184,8 +184,9 @@ def _starts_from_decoding(tokenizer, ids: list[int], text: str) -> list[int]:
     from `context` (the anchor before the current one, so decoder effects at a window's start, such as
     SentencePiece's stripped leading space, cancel) as decode(ids[context:t]) minus decode(ids[context:anchor]),
     where `anchor` is the last token boundary at which the decoded prefix was a complete prefix of `text`.
-    Exact for valid UTF-8; a response holding invalid UTF-8 may place a token starting inside an invalid byte
-    sequence one character late.
+    Exact for valid UTF-8 without a literal U+FFFD; a response holding invalid UTF-8, or a U+FFFD character split
+    across tokens (whose partial bytes decode to the same U+FFFD), may place a token starting inside that
+    character one character late.
     """
     starts = []
     context, anchor, anchor_char = 0, 0, 0

@@ -5,8 +5,11 @@ For E examples and k = `samples_per_example` samples each (greedy when temperatu
 - "eval/pass@k": the fraction of examples with at least one correct sample (k samples drawn, so the plain
   estimate, not the unbiased estimator for n > k);
 - "eval/rubric_score": the mean over samples of the weighted fraction of the rubric satisfied
-  (`core.rewards.weighted_fraction`, judge failures count 0), and "eval/rubric/<name>" per criterion;
-- "eval/response_length": the mean number of response tokens.
+  (`core.rewards.weighted_fraction` of `typed_item_credit`: a typed rubric's PITFALL item counts when avoided;
+  judge failures count 0), and "eval/rubric/<name>" per criterion;
+- "eval/response_length": the mean number of response tokens;
+- "eval/srar/...": SRaR's analysis (`algorithms.srar.analysis_metrics`): per-type scores and rates of typed
+  rubrics, the looping rate and its four criteria, and, for a task with `step_labels`, step accuracy, FRR, MTR.
 """
 
 from typing import Any, Sequence
@@ -15,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rubric_jax.algorithms.base import rubric_metrics
+from rubric_jax.algorithms.srar import analysis_metrics
 from rubric_jax.core import rewards
 from rubric_jax.inference.engine import RolloutEngine, SamplingParams
 from rubric_jax.judges.base import Judge, JudgeRequest
@@ -47,8 +51,10 @@ def evaluate(
         JudgeRequest(task.question(e), t, r, task.reference(e), len(split_steps(t)))
         for e, t, r in zip(owners, texts, rubrics)], max_items)
     items = rubric_arrays(rubrics, max_items)
+    credit_bk = rewards.typed_item_credit(
+        jnp.asarray(verdicts.satisfied_bk), jnp.asarray(items.item_kind_bk), jnp.asarray(verdicts.failed_b))
     scores = np.asarray(rewards.weighted_fraction(
-        jnp.asarray(verdicts.satisfied_bk), jnp.asarray(items.item_weight_bk), jnp.asarray(items.item_mask_bk)))
+        credit_bk, jnp.asarray(items.item_weight_bk), jnp.asarray(items.item_mask_bk)))
     metrics = {
         "eval/accuracy": float(correct.mean()),
         f"eval/pass@{k}": float(correct.any(axis=1).mean()),
@@ -56,4 +62,6 @@ def evaluate(
         "eval/response_length": float(np.mean([len(s.output_ids) for s in samples])),
     }
     metrics.update({f"eval/{name}": value for name, value in rubric_metrics(verdicts, rubrics).items()})
+    metrics.update({f"eval/srar/{name}": value for name, value in analysis_metrics(
+        task, owners, texts, correct.reshape(-1), verdicts, rubrics).items()})
     return metrics

@@ -32,13 +32,16 @@ from rubric_jax.algorithms.base import RolloutContext
 from rubric_jax.algorithms.registry import algorithm_class
 from rubric_jax.inference.embedded import EmbeddedEngine
 from rubric_jax.inference.engine import RolloutEngine, SamplingParams
+from rubric_jax.inference.http import JsonHttpClient, RetryPolicy
+from rubric_jax.judges import llm
+from rubric_jax.judges.base import Judge
 from rubric_jax.models import sharding, train_step
 from rubric_jax.training import policy, runs
 from rubric_jax.training.config import save_config
 from rubric_jax.training.evaluate import evaluate
 from rubric_jax.training.metrics import PhaseTimer
 from rubric_jax.training.optim import learning_rate_schedule, make_optimizer
-from rubric_jax.training.run_config import RLConfig, resolve_algorithm
+from rubric_jax.training.run_config import JudgeConfig, RLConfig, resolve_algorithm
 
 RL_PLOTS = {
     "reward": ("reward/mean", "outcome/accuracy"),
@@ -63,6 +66,20 @@ def make_engine(config: RLConfig, model, tokenizer, version: str) -> RolloutEngi
         return engine
     return EmbeddedEngine(model, tokenizer=tokenizer, eos_token_ids=eos_ids, pad_id=pad_id, seed=config.seed,
                           weight_version=version, max_batch_size=config.rollout.max_batch_size)
+
+
+def make_judge(config: JudgeConfig, task: Any, seed: int) -> Judge:
+    """The run's judge (`JudgeConfig`): the task's own, or an LLM judge over HTTP in the paper's format."""
+    if config.kind == "task":
+        return task.judge()
+    http = JsonHttpClient(config.url, max_in_flight=config.max_in_flight, seed=seed,
+                          retry=RetryPolicy(max_attempts=config.max_attempts, timeout_s=config.timeout_s))
+    chat = llm.ChatClient(http, llm.ChatSettings(model=config.model, temperature=config.temperature,
+                                                 max_tokens=config.max_tokens, seed=seed))
+    if config.format == "rating":
+        return llm.CriterionLLMJudge(chat, llm.rating_format())
+    formats = {"grounded": llm.grounded_format, "srar": llm.srar_format, "rlcer_verifier": llm.rlcer_verifier_format}
+    return llm.RolloutLLMJudge(chat, formats[config.format]())
 
 
 def _mismatch_metrics(batch: dict[str, np.ndarray], old_logp_bt: np.ndarray) -> dict[str, float]:
@@ -107,6 +124,18 @@ class _Learner:
         return self._compiled[prompt_width]
 
 
+def pad_rows(batch: dict[str, np.ndarray], multiple: int) -> dict[str, np.ndarray]:
+    """`batch` with rows appended up to a multiple of `multiple`: copies of row 0 (finite inputs for every layer)
+    whose response mask is off, so they add nothing to any loss sum or denominator."""
+    rows = batch["response_mask_bt"].shape[0]
+    extra = -rows % multiple
+    if not extra:
+        return batch
+    padded = {key: np.concatenate([value, np.repeat(value[:1], extra, axis=0)]) for key, value in batch.items()}
+    padded["response_mask_bt"][rows:] = False
+    return padded
+
+
 def _update(learner: _Learner, state: policy.LearnerState, batch, prompt_width: int, step: int, seed: int):
     """Step 4 of the module docstring; returns the mean of each train metric over the updates."""
     update, _ = learner.steps(prompt_width)
@@ -127,7 +156,7 @@ def _update(learner: _Learner, state: policy.LearnerState, batch, prompt_width: 
 
 def train_rl(config: RLConfig, task: Any, *, judge=None, model=None, tokenizer=None) -> dict[str, float]:
     """Runs (or resumes) the RL run `config` on `task` (a `rubric_jax.data.tasks` task); the judge defaults to
-    the task's own, the model and tokenizer to `policy.build_policy(config.model)`. Returns the last step's
+    `config.judge`'s (`make_judge`: the task's own, or an LLM judge over HTTP, closed at the end), the model and tokenizer to `policy.build_policy(config.model)`. Returns the last step's
     metrics. Writes config.yaml, metrics.jsonl, tensorboard/, checkpoints/, plots/ and the final policy as a
     Hugging Face directory model/ under output_dir."""
     algorithm_config, config = resolve_algorithm(config)
@@ -139,7 +168,8 @@ def train_rl(config: RLConfig, task: Any, *, judge=None, model=None, tokenizer=N
     mesh = policy.make_mesh(config.learner.mesh)
     if model is None:
         model, tokenizer = policy.build_policy(config.model, task, mesh)
-    judge = judge if judge is not None else task.judge()
+    judge_owned = judge is None
+    judge = judge if judge is not None else make_judge(config.judge, task, config.seed)
     optimizer = make_optimizer(config.optimizer)
     schedule = learning_rate_schedule(config.optimizer)
     graphdef, state = policy.init_learner_state(model, optimizer, mesh, algorithm.needs_reference)
@@ -168,12 +198,17 @@ def train_rl(config: RLConfig, task: Any, *, judge=None, model=None, tokenizer=N
     metrics: dict[str, float] = {}
     judge_requests_seen: dict[str, int] = {}
     engine_requests_seen: dict[str, int] = {}
-    with writer, checkpointer, contextlib.closing(engine):
+    with writer, checkpointer, contextlib.closing(engine), contextlib.ExitStack() as owned:
+        if judge_owned:
+            owned.callback(judge.close)
         for step in range(start, config.steps):
             timer.reset()
             step_started = time.monotonic()
             experience = algorithm.experience(dataset.next_batch(rollout.prompts_per_step), context, step)
             batch, width = experience.batch, experience.prompt_width
+            learner_config = config.learner
+            batch = pad_rows(batch, learner_config.mini_batches * learner_config.micro_batches
+                             * learner_config.mesh.batch_shards)
             _, logprobs = learner.steps(width)
             with timer.phase("logprobs"):
                 old_logp_bt = np.asarray(jax.device_get(logprobs(state.params, batch)))

@@ -182,6 +182,33 @@ class EvalConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class JudgeConfig:
+    """Who judges the rollouts: "task", the task's own judge (programmatic on the synthetic tasks), or "llm", an
+    OpenAI-compatible chat server at `url` (SGLang's) serving `model`, asked in the paper's `format`:
+    "grounded" (rubric-grounded GRPO: the reference passage and every weighted criterion in one call), "srar"
+    (SRaR's step-attributed judge), "rlcer_verifier" (RLCER's verifier) or "rating" (RGR-GRPO: one call per
+    criterion). `max_in_flight` bounds concurrent calls; `max_attempts` and `timeout_s` are the retry policy."""
+
+    kind: Literal["task", "llm"] = "task"
+    url: Optional[str] = None
+    model: Optional[str] = None
+    format: Literal["grounded", "srar", "rlcer_verifier", "rating"] = "grounded"
+    temperature: float = 0.0
+    max_tokens: int = 2048
+    max_in_flight: int = 64
+    max_attempts: int = 5
+    timeout_s: float = 600.0
+
+    def __post_init__(self):
+        llm = self.kind == "llm"
+        _require(llm == (self.url is not None) and llm == (self.model is not None),
+                 "judge.url and judge.model are required by judge.kind llm, and only by it")
+        for name in ("max_tokens", "max_in_flight", "max_attempts"):
+            _require(getattr(self, name) >= 1, f"{name} must be >= 1, got {getattr(self, name)}")
+        _require(self.temperature >= 0 and self.timeout_s > 0, "judge.temperature must be >= 0, timeout_s > 0")
+
+
+@dataclasses.dataclass(frozen=True)
 class RLConfig:
     """`rubric-jax train`: an RL run of `steps` steps (module docstring)."""
 
@@ -193,6 +220,7 @@ class RLConfig:
     rollout: RolloutConfig = RolloutConfig()
     learner: LearnerConfig = LearnerConfig()
     algorithm: AlgorithmSpec = AlgorithmSpec()
+    judge: JudgeConfig = JudgeConfig()
     optimizer: OptimizerConfig = OptimizerConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
     metrics: MetricsConfig = MetricsConfig()

@@ -1,4 +1,5 @@
-"""The recipes' shared host-side helpers: summary statistics of a batch, by hand and against NumPy."""
+"""The recipes' shared host-side helpers: summary statistics of a batch, by hand and against NumPy; merging the
+rows of batches with different prompt and response widths; the trainer's row padding."""
 
 import math
 
@@ -8,7 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rubric_jax.algorithms.base import summary_stats
+from rubric_jax.algorithms.base import concat_batches, summary_stats
+from rubric_jax.models.train_step import pack_sequences
+from rubric_jax.training.rl import pad_rows
 
 
 def numpy_stats(name: str, selected: np.ndarray) -> dict:
@@ -43,3 +46,48 @@ def test_summary_stats_matches_numpy(pairs):
     assert summary_stats("v", values) == pytest.approx(numpy_stats("v", values), rel=1e-9, abs=1e-9)
     expected = numpy_stats("v", values[mask]) if mask.any() else {}
     assert summary_stats("v", values, mask) == pytest.approx(expected, rel=1e-9, abs=1e-9)
+
+
+def packed(prompts, responses, prompt_width, response_width, pad_id=0):
+    batch = pack_sequences(prompts, responses, pad_id=pad_id, prompt_width=prompt_width,
+                           response_width=response_width)
+    batch["advantages_bt"] = np.where(batch["response_mask_bt"], 1.0 + np.arange(len(prompts))[:, None], 0.0)
+    batch["reward"] = np.arange(len(prompts), dtype=np.float32)
+    return batch
+
+
+def test_concat_batches_equals_packing_every_row_at_the_common_widths():
+    short = ([[5, 6]], [[7, 8, 9]])
+    long = ([[5, 6, 7, 8, 9], [3]], [[4], [4, 4, 4, 4, 4, 4]])
+    merged, width = concat_batches([(packed(*short, 2, 3), 2), (packed(*long, 5, 6), 5)], pad_id=0)
+    assert width == 5
+    direct = pack_sequences(short[0] + long[0], short[1] + long[1], pad_id=0, prompt_width=5, response_width=6)
+    for key, value in direct.items():
+        np.testing.assert_array_equal(merged[key], value, err_msg=key)
+    # Per-token extras move with their tokens; per-row arrays are concatenated as they are.
+    np.testing.assert_array_equal(merged["advantages_bt"][merged["response_mask_bt"]], [1, 1, 1] + [1] + [2] * 6)
+    np.testing.assert_array_equal(merged["advantages_bt"][~merged["response_mask_bt"]], 0)
+    np.testing.assert_array_equal(merged["reward"], [0, 0, 1])
+
+
+def test_concat_batches_rejects_mismatched_parts():
+    with pytest.raises(ValueError, match="at least one"):
+        concat_batches([], pad_id=0)
+    a, b = packed([[1]], [[2]], 1, 1), packed([[1]], [[2]], 1, 1)
+    del b["reward"]
+    with pytest.raises(ValueError, match="different keys"):
+        concat_batches([(a, 1), (b, 1)], pad_id=0)
+    bad = packed([[1]], [[2]], 1, 1)
+    bad["advantages_bt"] = np.zeros((1, 5))
+    with pytest.raises(ValueError, match="advantages_bt"):
+        concat_batches([(bad, 1)], pad_id=0)
+
+
+def test_pad_rows_appends_masked_copies_of_row_zero():
+    batch = packed([[1], [2, 3], [4]], [[5, 6], [7], [8, 9]], 2, 2)
+    padded = pad_rows(batch, 4)
+    assert padded["tokens_bt"].shape == (4, 4) and padded["reward"].shape == (4,)
+    np.testing.assert_array_equal(padded["tokens_bt"][3], batch["tokens_bt"][0])
+    assert not padded["response_mask_bt"][3].any() and padded["response_mask_bt"][:3].sum() == 5
+    assert batch["tokens_bt"].shape == (3, 4) and batch["response_mask_bt"].sum() == 5  # the input is untouched
+    assert pad_rows(batch, 3) is batch

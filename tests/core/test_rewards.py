@@ -37,6 +37,18 @@ def test_weighted_fraction_rubric_grounded_eq2_and_rgr_eq4_hand_computed():
     np.testing.assert_allclose(weighted_fraction(satisfied, weights, mask), [3.5 / 6, 1.0], rtol=1e-6)
 
 
+def test_typed_item_credit_credits_avoided_pitfalls_and_nothing_on_failure():
+    satisfied = np.array([[1, 0, 1, 0], [1, 1, 0, 0], [0.25, 0.25, 1, 1]], np.float32)
+    kinds = np.array([[rewards.SUGGEST, rewards.PITFALL, rewards.PITFALL, rewards.ANSWER],
+                      [rewards.SUGGEST, rewards.PITFALL, rewards.BONUS, -1],
+                      [rewards.PITFALL, 4, rewards.BONUS, 5]])
+    credit = rewards.typed_item_credit(satisfied, kinds, np.array([False, True, False]))
+    np.testing.assert_array_equal(credit, [[1, 1, 0, 0], [0, 0, 0, 0], [0.75, 0.25, 1, 1]])
+    # Untyped rubrics (generic kinds only): the credit is the verdict itself.
+    untyped = rewards.typed_item_credit(satisfied, np.full_like(kinds, 4), np.zeros(3, bool))
+    np.testing.assert_array_equal(untyped, satisfied)
+
+
 def test_weighted_fraction_degenerate_and_negative_weights():
     satisfied = np.array([[1, 1], [1, 0], [0, 1]], bool)
     weights = np.array([[1.0, 2.0], [0.0, 0.0], [-4.0, 1.0]], np.float32)

@@ -320,7 +320,9 @@ PIECES = st.sampled_from(
         "e\u0301", "\u0301", "ß", "é", "\\boxed{4}", "answer", "`",
     ]
 )
-TEXTS = st.lists(PIECES | st.text(max_size=4), max_size=30).map("".join)
+# A literal U+FFFD is left out: split into bytes, its prefixes decode to U+FFFD too, so incremental decoding
+# cannot tell where it ends (`steps._starts_from_decoding`, documented).
+TEXTS = st.lists(PIECES | st.text(st.characters(blacklist_characters="\ufffd"), max_size=4), max_size=30).map("".join)
 
 
 @settings(max_examples=150)

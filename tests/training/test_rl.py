@@ -26,6 +26,9 @@ from rubric_jax.training.rl import train_rl
 from rubric_jax.training.run_config import (
     AlgorithmSpec, CheckpointConfig, LearnerConfig, MeshConfig, MetricsConfig, ModelInit, ModelSpec, RLConfig,
     RolloutConfig)
+from rubric_jax.data.tasks import build_task
+from rubric_jax.training.run_config import JudgeConfig
+from tests.inference.standin_server import StandinServer, http_error
 from tests.training.toy_task import CHECKS, toy_task
 
 TINY = ModelInit(hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16,
@@ -152,3 +155,30 @@ def test_request_metrics_report_each_steps_retries_and_failures():
     assert _request_metrics("judge", stats, seen) == {"judge/requests": 4, "judge/retries": 2,
                                                       "judge/request_failures": 0}
     assert _request_metrics("engine", None, {}) == {}
+
+
+def test_an_llm_judge_from_the_config_judges_over_http_and_its_requests_are_logged(tmp_path):
+
+    with StandinServer() as server:
+        # One criterion in every call: rated 1 when the response has a step header, else 0.
+        server.responder = lambda messages: json.dumps(
+            {"rating": int("### Step" in messages[-1]["content"].split("<response>")[-1])})
+        server.inject(http_error(503, "/v1/chat/completions"))
+        config = tiny_rl_config(tmp_path, judge=JudgeConfig(kind="llm", url=server.base_url, model="judge",
+                                                            format="rating", max_attempts=3))
+        last = train_rl(config, build_task("arithmetic", {}, 0))
+        calls = len(server.chat_requests)
+    rubric_items = sum(len(build_task("arithmetic", {}, 0).rubric(p).criteria)
+                       for p in build_task("arithmetic", {}, 0).train_stream(0).next_batch(2))
+    assert calls == rubric_items * 4  # every (rollout, criterion) answered once; the 503 was retried
+    assert last["judge/requests"] == calls and last["judge/retries"] == 1 and last["judge/request_failures"] == 0
+    assert last["judge/failure_rate"] == 0 and math.isfinite(last["train/loss"])
+
+
+def test_judge_config_is_validated():
+    with pytest.raises(ValueError, match="judge.url and judge.model"):
+        JudgeConfig(kind="llm", model="judge")
+    with pytest.raises(ValueError, match="judge.url and judge.model"):
+        JudgeConfig(url="http://x:1")
+    with pytest.raises(ValueError, match="max_in_flight"):
+        JudgeConfig(kind="llm", url="http://x:1", model="m", max_in_flight=0)
