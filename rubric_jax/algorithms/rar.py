@@ -6,6 +6,7 @@ For each step (G = sampling.n responses per prompt):
   1. sample G responses per prompt                               base.sample_groups
   2. judge each against its example's rubric                     base.judge_rollouts
   3. r_i = sum_k w_k s_ik / sum_k w_k                            core.rewards.weighted_fraction
+     (a typed rubric's PITFALL item: s = 1 when avoided)          core.rewards.typed_item_credit
      a rollout whose judgement failed: reward 0 (FailurePolicy ZERO_REWARD) or out of its group and the loss
      (EXCLUDE)
   4. A_i = (r_i - mean_g r) / (std_g r + eps), sample std        core.advantages.grpo_advantages
@@ -56,8 +57,10 @@ class RaR(base.Algorithm):
         rollouts = base.sample_groups([context.task.prompt(e) for e in examples], context, step)
         verdicts, rubrics = base.judge_rollouts(examples, rollouts, context, self.config.max_items)
         items = rubric_arrays(rubrics, self.config.max_items)
+        credit_bk = rewards.typed_item_credit(
+            jnp.asarray(verdicts.satisfied_bk), jnp.asarray(items.item_kind_bk), jnp.asarray(verdicts.failed_b))
         reward_b = np.asarray(rewards.weighted_fraction(
-            jnp.asarray(verdicts.satisfied_bk), jnp.asarray(items.item_weight_bk), jnp.asarray(items.item_mask_bk)))
+            credit_bk, jnp.asarray(items.item_weight_bk), jnp.asarray(items.item_mask_bk)))
         valid_b = ~verdicts.failed_b if self.config.on_judge_failure == FailurePolicy.EXCLUDE.value else None
         advantage_b = np.asarray(advantages.grpo_advantages(
             jnp.asarray(reward_b), jnp.asarray(rollouts.group_ids), None if valid_b is None else jnp.asarray(valid_b),

@@ -8,9 +8,9 @@ train stream), `judge()` (the judge of its rubrics) and `tokenizer()` (for a mod
 """
 
 import dataclasses
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Literal, Mapping, Optional, Sequence
 
-from rubric_jax.data import arithmetic
+from rubric_jax.data import arithmetic, arithmetic_rgr, rubric_world
 from rubric_jax.training.config import config_from_dict
 
 
@@ -52,11 +52,89 @@ class ArithmeticTask:
         return arithmetic.build_tokenizer()
 
 
+@dataclasses.dataclass(frozen=True)
+class RubricWorldConfig:
+    """The arithmetic problems (`problems`), the base rubric the reasoner is graded on ("full": the arithmetic rubric,
+    "coarse": its answer and format criteria only, `rubric_world.coarse_rubric`) and the cold start's mix."""
+
+    problems: arithmetic.ArithmeticConfig = arithmetic.ArithmeticConfig()
+    base_rubric: Literal["full", "coarse"] = "full"
+    sft: rubric_world.WorldSFTConfig = rubric_world.WorldSFTConfig()
+
+
+@dataclasses.dataclass(frozen=True)
+class RubricWorldTask(ArithmeticTask):
+    """The arithmetic task for the two-role recipes (`rubric_jax.data.rubric_world`): the policy also writes
+    rubrics (RLCER's rubricator, EvoRubric's generator), which `parse_generated_rubric` reads and the task's judge
+    checks; `meta_verify` stands in for EvoRubric's meta-verifier."""
+
+    world: RubricWorldConfig = RubricWorldConfig()
+
+    def rubric(self, example: arithmetic.Problem):
+        if self.world.base_rubric == "coarse":
+            return rubric_world.coarse_rubric(example)
+        return arithmetic.problem_rubric(example)
+
+    def judge(self):
+        return rubric_world.world_judge()
+
+    def rubricator_prompt(self, example: arithmetic.Problem, response: str) -> list[dict[str, str]]:
+        return rubric_world.rubricator_messages(example.question, response)
+
+    def generator_prompt(self, example: arithmetic.Problem, responses: Sequence[str], existing) -> list[dict[str, str]]:
+        return rubric_world.generator_messages(example.question, responses, existing)
+
+    def parse_generated_rubric(self, text: str, max_items: int, allow_empty: bool = False):
+        return rubric_world.parse_world_rubric(text, max_items=max_items, allow_empty=allow_empty)
+
+    def meta_verify(self, example: arithmetic.Problem, criteria, existing) -> list[Optional[str]]:
+        del example
+        return rubric_world.meta_verify(criteria, existing)
+
+
+@dataclasses.dataclass(frozen=True)
+class RubricWorldSFTTask(RubricWorldTask):
+    """The two-role cold start: a stream of reasoner, rubricator and generator examples (`WorldSFTStream`)."""
+
+    def prompt(self, example):
+        if isinstance(example, rubric_world.SFTExample):
+            return list(example.messages)
+        return super().prompt(example)
+
+    def solution(self, example):
+        if isinstance(example, rubric_world.SFTExample):
+            return example.target
+        return super().solution(example)
+
+    def train_stream(self, position: int) -> rubric_world.WorldSFTStream:
+        return rubric_world.WorldSFTStream(self.config, self.world.sft, self.seed, position)
+
+
+def _rubric_world(task_class):
+    def build(params: Mapping[str, Any], seed: int):
+        world = config_from_dict(RubricWorldConfig, dict(params), "task.params")
+        return task_class(world.problems, seed, world)
+    return build
+
+
 def _arithmetic(params: Mapping[str, Any], seed: int) -> ArithmeticTask:
     return ArithmeticTask(config_from_dict(arithmetic.ArithmeticConfig, dict(params), "task.params"), seed)
 
 
-TASKS: dict[str, Callable[[Mapping[str, Any], int], Any]] = {"arithmetic": _arithmetic}
+def _arithmetic_srar(params: Mapping[str, Any], seed: int) -> ArithmeticTask:
+    from rubric_jax.data.arithmetic_srar import ArithmeticSrarTask  # noqa: PLC0415  (it subclasses ArithmeticTask)
+
+    return ArithmeticSrarTask(config_from_dict(arithmetic.ArithmeticConfig, dict(params), "task.params"), seed)
+
+
+TASKS: dict[str, Callable[[Mapping[str, Any], int], Any]] = {
+    "arithmetic": _arithmetic,
+    "arithmetic_srar": _arithmetic_srar,
+    "arithmetic_rubrics": _rubric_world(RubricWorldTask),
+    "arithmetic_rubrics_sft": _rubric_world(RubricWorldSFTTask),
+    "arithmetic_rgr": arithmetic_rgr.build_rl_task,
+    "arithmetic_rgr_sft": arithmetic_rgr.build_sft_task,
+}
 
 
 def build_task(name: str, params: Mapping[str, Any], seed: int):

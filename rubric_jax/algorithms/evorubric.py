@@ -1,0 +1,587 @@
+"""EvoRubric (Guan et al. 2026, evorubric.txt): one policy plays a Reasoner and a Rubric Generator. The generator
+proposes criteria that separate the reasoner's responses, a multi-level verification keeps the valid,
+discriminative and agreed-on ones, and a memory pool archives them as the reasoner's evolving rubric; both roles
+are trained in one update.
+
+For each step (N = sampling.n responses and M = generator_group_size rubric sets per question q):
+  1. o_1..o_N ~ pi(. | q, p_rea)                                     base.sample_groups                eq 1
+  2. R_1..R_M ~ pi(. | q, O, C_hist, p_gen), C_hist = base rubric     base.sample_groups(stream=1),     eq 2
+     + pool[q]; O = the first responses_shown responses              task.generator_prompt
+     each R_m parsed (a failure is counted and earns                  task.parse_generated_rubric
+     parse_failure_reward - p_len)
+  3. meta-verifier: R~_m = {r in R_m | v(r) = 1}                      task.meta_verify                  3.3.2 step 1
+  4. grader: s(o_n, r) = points(r) when o_n meets r, for every        context.judge                     step 2
+     r in R~_m (one judge request per response, over the base
+     rubric, pool[q] and every R~_m of q)
+  5. variance filter: R^_m = {r in R~_m | std_n s_r > 0}              zero_variance_prune               step 3
+  6. LOO consensus: rho_m = corr(v_m, v_\\m), v_m = mean of R^_m       evorubric_batch_scores,           step 4
+                                                                     evorubric_peer_consensus
+  7. R_gen(R_m) = rho~_m + r_meta + r_disc - p_num - p_len            evorubric_scaled_consensus,       eq 3
+                                                                     evorubric_meta_reward,
+                                                                     evorubric_discriminative_reward
+                                                                     (core.rubric_validity, vmapped
+                                                                     over questions: generator_terms);
+                                                                     rewards.excess_penalty (count, tokens)
+  8. pool[q] <- pool[q] + (R^_1 u ... u R^_M), before the reasoner    MemoryPool.archive                3.4.1
+     is scored ("archived ... prior to this scoring phase")
+  9. R_rea(o_i) = S_base + S_pool - p_len: positive-points scores     evorubric_reasoner_reward;        eq 4
+     of the base rubric and of pool[q]; p_len is DAPO's overlong     rewards.dapo_overlong_shaping     Table 8
+     penalty
+ 10. A = GRPO per question, for each role on its own rollouts         roles.role_mask, select_by_role,
+                                                                     advantages.grpo_advantages
+ 11. one clipped update over the rows of both roles                   base.concat_batches, policy_loss_fn  eq 5
+
+Ablations (section 4.3, Table 2), one switch each:
+- meta_verifier False ("w/o Meta-Verifier"): no audit; every parsed criterion counts as verified and r_meta
+  leaves eq 3.
+- memory_pool False ("w/o Memory Pool"): nothing is archived across steps; C_hist is the base rubric and S_pool
+  scores this step's R^ only ("transient rubrics").
+- peer_consensus False ("w/o Peer Consensus"): rho~ leaves eq 3.
+- discriminative False ("w/o Discriminative Reward"): no variance filter (R^_m = R~_m) and r_disc leaves eq 3.
+- train_generator False ("External Evolving-RL"): the generator still proposes, verifies and feeds the pool,
+  but its rows are left out of the update.
+
+Where the paper is silent (each choice is a config field): M (generator_group_size); the forms of r_meta, r_disc
+(core.rubric_validity) and of p_num, the generator's p_len (core.rewards.excess_penalty, linear above a budget);
+the reward of an unparsable proposal (parse_failure_reward, default -1: the r_meta of a proposal the
+meta-verifier rejects entirely); which responses the generator sees (the first responses_shown of the group, a
+uniform sample since the N responses are exchangeable; None shows all); the pool's key (the question text), its
+bounds and its eviction rule (`MemoryPool`). A judge failure on a response takes it out of its question's score
+matrix (the response mask of steps 5-6) and, as in RaR, gives it reward 0 or excludes it (on_judge_failure).
+
+Metrics: "reward/*", "advantage/*" the reasoner's (its valid rows), "reasoner/base_score/*" and
+"reasoner/pool_score/*" (S_base, S_pool); "generator/reward/*", "generator/advantage/*", the means of eq 3's terms
+("generator/consensus_term", "meta_term", "disc_term", "count_penalty", "length_penalty", ablated terms 0) and
+"generator/length_mean"; "evorubric/generator_format_rate", "evorubric/parse_failed/<reason>",
+"evorubric/empty_proposal_rate", "evorubric/proposed_mean" (criteria per parsed proposal),
+"evorubric/meta_rejected_fraction" and "evorubric/meta_rejected/<category>" (of the proposed criteria),
+"evorubric/pruned_fraction" (of the verified ones), "evorubric/consensus_rho_mean" (over the proposals whose rho
+is defined: R^_m and some peer's R^ non-empty), "evorubric/archived" (criteria added to the pool this step),
+"evorubric/pool_size" and "evorubric/pool_questions" (the whole pool); "rubric/<name>" and "judge/*" over every
+graded criterion; "response/*" and "outcome/accuracy" of the reasoner. A fraction of nothing is left out.
+"""
+
+import collections
+import dataclasses
+import functools
+import re
+from typing import Any, Literal, Mapping, NamedTuple, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rubric_jax.algorithms import base
+from rubric_jax.algorithms.registry import register
+from rubric_jax.core import advantages, rewards, roles, rubric_validity
+from rubric_jax.judges.base import JudgeRequest
+from rubric_jax.rubrics.parsing import FailurePolicy
+from rubric_jax.rubrics.schema import Criterion, Rubric
+from rubric_jax.rubrics.steps import split_steps
+
+REASONER, GENERATOR = 0, 1  # role ids (core.roles)
+
+
+@dataclasses.dataclass(frozen=True)
+class EvoRubricConfig:
+    """EvoRubric's settings (module docstring); the defaults follow the paper where it gives a value.
+
+    policy_loss: Appendix B eq 5 / Table 8: clip (0.2, 0.28), no KL, the sequence-mean of token means.
+    generator_group_size: M rubric sets per question (>= 2: the consensus needs peers; the paper gives no M).
+    generator_max_new_tokens: the generator's token budget; responses_shown: reasoner responses in its prompt
+    (None: all N). max_proposed: the most criteria a proposal may hold (more is a parse failure); the score
+    matrix's K.
+    count_budget / count_coef: p_num = count_coef * max(|R_m| - count_budget, 0) (Table 5 asks for 0 to 6).
+    generator_length_budget / generator_length_coef: the generator's p_len, the same form over its tokens.
+    overlong_buffer / overlong_factor: the reasoner's p_len, DAPO's overlong penalty over the last
+    overlong_buffer tokens of rollout.max_new_tokens (Table 8: 4096 of 8192, factor 1.0; 0: no penalty).
+    parse_failure_reward: R_gen of an unparsable proposal (before its p_len).
+    pool_max_per_question / pool_max_questions: the memory pool's bounds (`MemoryPool`).
+    meta_verifier, memory_pool, peer_consensus, discriminative, train_generator: the ablation switches.
+    on_judge_failure, std_ddof, eps: as RaR ("zero_reward" or "exclude"; GRPO's std, 1 = sample, and epsilon).
+    """
+
+    policy_loss: base.PolicyLossConfig = base.PolicyLossConfig(eps_low=0.2, eps_high=0.28,
+                                                               aggregation="seq_mean_token_mean")
+    generator_group_size: int = 4
+    generator_max_new_tokens: int = 512
+    responses_shown: Optional[int] = None
+    max_proposed: int = 8
+    count_budget: int = 6
+    count_coef: float = 0.1
+    generator_length_budget: int = 256
+    generator_length_coef: float = 1e-3
+    overlong_buffer: int = 0
+    overlong_factor: float = 1.0
+    parse_failure_reward: float = -1.0
+    pool_max_per_question: int = 32
+    pool_max_questions: int = 100_000
+    meta_verifier: bool = True
+    memory_pool: bool = True
+    peer_consensus: bool = True
+    discriminative: bool = True
+    train_generator: bool = True
+    on_judge_failure: Literal["zero_reward", "exclude"] = "zero_reward"
+    std_ddof: int = 1
+    eps: float = 1e-6
+
+    def __post_init__(self):
+        if self.generator_group_size < 2:
+            raise ValueError(f"generator_group_size must be >= 2 (the LOO consensus needs peers), "
+                             f"got {self.generator_group_size}")
+        for name in ("generator_max_new_tokens", "max_proposed", "pool_max_per_question", "pool_max_questions"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.responses_shown is not None and self.responses_shown < 1:
+            raise ValueError(f"responses_shown must be None (all) or >= 1, got {self.responses_shown}")
+        for name in ("count_budget", "count_coef", "generator_length_budget", "generator_length_coef",
+                     "overlong_buffer", "overlong_factor", "eps"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if not np.isfinite(self.parse_failure_reward):
+            raise ValueError(f"parse_failure_reward must be finite, got {self.parse_failure_reward}")
+        if self.std_ddof not in (0, 1):
+            raise ValueError(f"std_ddof must be 0 or 1, got {self.std_ddof}")
+
+
+# ---------------------------------------------------------------- the rubric memory pool
+
+
+def pooled(held: Sequence[Criterion], kept: Sequence[Criterion], max_size: int) -> tuple[Criterion, ...]:
+    """A question's pool after archiving `kept` into `held`: the kept criteria whose text is new appended (the
+    first of each text), then the oldest dropped beyond `max_size` (FIFO)."""
+    seen = set()
+    merged = tuple(c for c in (*held, *kept) if not (c.text in seen or seen.add(c.text)))
+    return merged[-max_size:]
+
+
+class MemoryPool:
+    """EvoRubric's rubric memory pool (evorubric.txt, section 3.4.1): per question, keyed by its text, the
+    criteria archived from the verified generator proposals, in archive order.
+
+    A criterion is archived once per question: a text already in the question's pool is not added again (the
+    first proposal of it stays, with its points). Bounds and eviction (the paper states none): at most
+    `max_per_question` criteria per question, the oldest evicted first (FIFO: the newest criteria track the
+    current policy), and at most `max_questions` questions, the least recently used evicted first (a question is
+    used when a step archives to it). `state_dict` lists the questions from least to most recently used, so the
+    order, and with it every later eviction, survives a checkpoint.
+    """
+
+    def __init__(self, max_per_question: int, max_questions: int):
+        self.max_per_question, self.max_questions = max_per_question, max_questions
+        self._pool: collections.OrderedDict[str, tuple[Criterion, ...]] = collections.OrderedDict()
+
+    def criteria(self, question: str) -> tuple[Criterion, ...]:
+        return self._pool.get(question, ())
+
+    def archive(self, question: str, criteria: Sequence[Criterion]) -> list[Criterion]:
+        """Adds the criteria whose text the question's pool lacks (marking the question used, even when none is
+        new), evicts past the bounds, and returns the criteria added."""
+        held = self._pool.pop(question, ())
+        updated = pooled(held, criteria, self.max_per_question)
+        if updated:
+            self._pool[question] = updated
+        while len(self._pool) > self.max_questions:
+            self._pool.popitem(last=False)
+        texts = {c.text for c in held}
+        return [c for c in updated if c.text not in texts]
+
+    @property
+    def num_questions(self) -> int:
+        return len(self._pool)
+
+    def __len__(self) -> int:
+        return sum(len(criteria) for criteria in self._pool.values())
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"pool": [{"question": question, "criteria": Rubric(criteria).to_dict()["criteria"]}
+                         for question, criteria in self._pool.items()]}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Replaces the pool by `state` (`state_dict`'s form; {} is an empty pool). ValueError naming the entry
+        for a malformed state or one beyond this pool's bounds; the pool is unchanged then."""
+        if not isinstance(state, Mapping) or set(state) - {"pool"}:
+            raise ValueError(f"memory pool state must be a mapping with the key 'pool', got {state!r:.200}")
+        entries = state.get("pool", [])
+        if not isinstance(entries, (list, tuple)):
+            raise ValueError(f"pool must be a list, got {type(entries).__name__}")
+        if len(entries) > self.max_questions:
+            raise ValueError(f"pool holds {len(entries)} questions, more than pool_max_questions="
+                             f"{self.max_questions}")
+        pool = collections.OrderedDict()
+        for i, entry in enumerate(entries):
+            where = f"pool[{i}]"
+            if not isinstance(entry, Mapping) or set(entry) != {"question", "criteria"}:
+                raise ValueError(f"{where} must be a mapping with the keys 'question' and 'criteria'")
+            question = entry["question"]
+            if not isinstance(question, str) or not question:
+                raise ValueError(f"{where}.question must be a non-empty string")
+            if question in pool:
+                raise ValueError(f"{where}.question is repeated: {question[:80]!r}")
+            try:
+                criteria = Rubric.from_dict({"criteria": entry["criteria"]}).criteria
+            except ValueError as error:
+                raise ValueError(f"{where}.{error}") from None
+            if not 1 <= len(criteria) <= self.max_per_question:
+                raise ValueError(f"{where} holds {len(criteria)} criteria; a question holds 1 to "
+                                 f"pool_max_per_question={self.max_per_question}")
+            if len({c.text for c in criteria}) != len(criteria):
+                raise ValueError(f"{where} repeats a criterion text")
+            pool[question] = criteria
+        self._pool = pool
+
+
+# ---------------------------------------------------------------- verification (steps 5-7), per question
+
+
+class GeneratorTerms(NamedTuple):
+    """Steps 5-7 for P questions: kept [P, M, K] (R^), rho [P, M], has_criteria [P, M] (R^_m non-empty), and
+    eq 3's terms [P, M]: consensus (rho~), meta (r_meta), disc (r_disc)."""
+
+    kept: jax.Array
+    rho: jax.Array
+    has_criteria: jax.Array
+    consensus: jax.Array
+    meta: jax.Array
+    disc: jax.Array
+
+
+@functools.partial(jax.jit, static_argnames="variance_filter")
+def generator_terms(scores_pmkn, proposed_pmk, verified_pmk, response_mask_pn, *, variance_filter: bool = True):
+    """Steps 5-7 of the module docstring for each of P questions (core.rubric_validity, vmapped).
+
+    scores [P, M, K, N] (s = points when met, 0 elsewhere), proposed / verified [P, M, K] (verified within
+    proposed), response_mask [P, N] (responses the judge graded). variance_filter False is the "w/o
+    Discriminative Reward" ablation: R^ = R~.
+    """
+
+    def one(scores, proposed, verified, response_mask):
+        verified = verified & proposed
+        if variance_filter:
+            kept = rubric_validity.zero_variance_prune(scores, verified, response_mask)
+        else:
+            kept = verified
+        batch = rubric_validity.evorubric_batch_scores(scores, kept)
+        rho = rubric_validity.evorubric_peer_consensus(batch.vectors_mn, batch.has_criteria_m, response_mask)
+        return GeneratorTerms(
+            kept=kept, rho=rho, has_criteria=batch.has_criteria_m,
+            consensus=rubric_validity.evorubric_scaled_consensus(rho, kept, proposed),
+            meta=rubric_validity.evorubric_meta_reward(verified, proposed),
+            disc=rubric_validity.evorubric_discriminative_reward(kept, verified))
+
+    return jax.vmap(one)(scores_pmkn, proposed_pmk, verified_pmk, response_mask_pn)
+
+
+# ---------------------------------------------------------------- the recipe
+
+
+@dataclasses.dataclass(frozen=True)
+class _Proposals:
+    """Steps 2-3 for P questions and M generators ([p][m]): the parsed criteria R_m (None: the output did not
+    parse), the verified ones R~_m, the parse failures by reason and the meta-verifier's INVALID categories."""
+
+    parsed: list[list[Optional[tuple[Criterion, ...]]]]
+    verified: list[list[tuple[Criterion, ...]]]
+    parse_failures: collections.Counter
+    rejected: collections.Counter
+
+
+def verified_columns(existing, verified) -> dict[tuple[int, int, int], int]:
+    """{(p, m, k): judge column} of each verified criterion in step 4's rubric of question p: after the
+    question's existing criteria (base rubric, then pool), proposal by proposal."""
+    columns = {}
+    for p, batches in enumerate(verified):
+        column = len(existing[p])
+        for m, batch in enumerate(batches):
+            for k in range(len(batch)):
+                columns[p, m, k] = column
+                column += 1
+    return columns
+
+
+def _metric_slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "_", text.lower()).strip("_") or "unnamed"
+
+
+@register("evorubric")
+class EvoRubric(base.Algorithm):
+    config_class = EvoRubricConfig
+
+    def __init__(self, config: EvoRubricConfig):
+        super().__init__(config)
+        self.pool = MemoryPool(config.pool_max_per_question, config.pool_max_questions)
+
+    @property
+    def policy_loss(self) -> base.PolicyLossConfig:
+        return self.config.policy_loss
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.pool.state_dict()
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if not self.config.memory_pool and state.get("pool"):
+            raise ValueError("memory_pool is off (the w/o Memory Pool ablation) but the state holds a pool")
+        self.pool.load_state_dict(state)
+
+    def experience(self, examples: Sequence[Any], context: base.RolloutContext, step: int) -> base.Experience:
+        config, task = self.config, context.task
+        self._check_task(task)
+        questions = [task.question(e) for e in examples]
+        base_rubrics = [task.rubric(e).criteria for e in examples]
+        history = [self.pool.criteria(q) if config.memory_pool else () for q in questions]
+        existing = [b + h for b, h in zip(base_rubrics, history)]
+        num_responses = context.sampling.n
+
+        # 1. Reasoner rollouts. 2. Generator rollouts, parsed. 3. Meta-verifier.
+        reasoner = base.sample_groups([task.prompt(e) for e in examples], context, step)
+        generator = self._generate(examples, reasoner.texts, existing, context, step)
+        proposals = self._propose(examples, generator.texts, existing, context)
+
+        # 4. Grader: every response against its base rubric, pool and verified proposals.
+        rubrics = [Rubric(criteria=e + tuple(c for batch in verified for c in batch))
+                   for e, verified in zip(existing, proposals.verified)]
+        requests = [JudgeRequest(question=questions[s.prompt_index], response=text, rubric=rubrics[s.prompt_index],
+                                 reference=task.reference(examples[s.prompt_index]), num_steps=len(split_steps(text)))
+                    for s, text in zip(reasoner.samples, reasoner.texts)]
+        with context.timer.phase("judging"):
+            verdicts = context.judge.judge(requests, max(len(r.criteria) for r in rubrics))
+        judged = ~verdicts.failed_b
+
+        # 5-7. Score matrix, variance filter, LOO consensus, generator reward (eq 3).
+        columns = verified_columns(existing, proposals.verified)
+        scores, proposed_mask, verified_mask = self._score_matrix(proposals, columns, verdicts, num_responses)
+        terms = jax.device_get(generator_terms(scores, proposed_mask, verified_mask,
+                                               judged.reshape(len(examples), num_responses),
+                                               variance_filter=config.discriminative))
+        generator_reward, generator_terms_ = self._generator_reward(proposals, terms, generator)
+
+        # 8. R^ archived into the pool before the reasoner is scored (w/o the pool: scored with R^ alone). A
+        # question is scored with its pool as its own archive left it (a question drawn twice in one step is
+        # scored with the criteria graded on its own responses).
+        kept = [[(c, columns[p, m, k]) for m, batch in enumerate(verified) for k, c in enumerate(batch)
+                 if terms.kept[p, m, k]] for p, verified in enumerate(proposals.verified)]
+        scored_pool = [pooled(h, [c for c, _ in pairs], config.pool_max_per_question)
+                       for h, pairs in zip(history, kept)]
+        archived = [self.pool.archive(q, [c for c, _ in pairs]) if config.memory_pool else []
+                    for q, pairs in zip(questions, kept)]
+        # Each pool criterion's judge column: the old pool's own, else the first kept proposal of its text.
+        pool_columns = [{c.text: len(b) + j for j, c in enumerate(h)} for b, h in zip(base_rubrics, history)]
+        for graded, pairs in zip(pool_columns, kept):
+            for criterion, column in pairs:
+                graded.setdefault(criterion.text, column)
+
+        # 9. Reasoner reward (eq 4); a judge failure gives 0 or leaves the group (on_judge_failure).
+        reasoner_reward, base_score, pool_score = self._reasoner_reward(
+            base_rubrics, scored_pool, pool_columns, verdicts, reasoner, context.sampling.max_new_tokens)
+        if config.on_judge_failure == FailurePolicy.ZERO_REWARD.value:
+            reasoner_reward, reasoner_valid = np.where(judged, reasoner_reward, 0.0), np.ones_like(judged)
+        else:
+            reasoner_valid = judged
+
+        # 10. GRPO per question, role by role.
+        role_ids = np.repeat([REASONER, GENERATOR], [len(reasoner.samples), len(generator.samples)])
+        advantage = self._role_advantages(
+            np.concatenate([reasoner_reward, generator_reward]),
+            np.concatenate([reasoner.group_ids, len(examples) + generator.group_ids]), role_ids,
+            np.concatenate([reasoner_valid, np.ones(len(generator.samples), bool)]))
+        reasoner_advantage, generator_advantage = advantage[role_ids == REASONER], advantage[role_ids == GENERATOR]
+
+        # 11. One update over both roles (the generator's rows only when it is trained).
+        parts = [(self._with_advantages(reasoner.batch, reasoner_advantage, reasoner_valid), reasoner.prompt_width)]
+        if config.train_generator:
+            parts.append((self._with_advantages(generator.batch, generator_advantage, None), generator.prompt_width))
+        batch, prompt_width = base.concat_batches(parts, context.pad_id)
+
+        correct = np.array([task.is_correct(text, examples[s.prompt_index])
+                            for s, text in zip(reasoner.samples, reasoner.texts)], bool)
+        metrics = {
+            **base.summary_stats("reward", reasoner_reward, reasoner_valid),
+            **base.summary_stats("advantage", reasoner_advantage, reasoner_valid),
+            **base.summary_stats("reasoner/base_score", base_score, judged),
+            **base.summary_stats("reasoner/pool_score", pool_score, judged),
+            **base.summary_stats("generator/reward", generator_reward),
+            **base.summary_stats("generator/advantage", generator_advantage),
+            **{f"generator/{name}": float(np.mean(value)) for name, value in generator_terms_.items()},
+            "generator/length_mean": float(np.mean([len(s.output_ids) for s in generator.samples])),
+            **base.rubric_metrics(verdicts, [rubrics[s.prompt_index] for s in reasoner.samples]),
+            **base.rollout_metrics(reasoner, correct),
+            **self._evolution_metrics(proposals, terms, verified_mask, archived),
+        }
+        return base.Experience(batch=batch, prompt_width=prompt_width, metrics=metrics)
+
+    # -------------------------------------------------------------- the steps, one method each
+
+    def _check_task(self, task) -> None:
+        """ValueError unless the task has the generator's prompt and parser (and the meta-verifier when used)."""
+        needed = ("generator_prompt", "parse_generated_rubric") + (("meta_verify",) if self.config.meta_verifier
+                                                                   else ())
+        missing = [name for name in needed if not callable(getattr(task, name, None))]
+        if missing:
+            raise ValueError(f"evorubric needs a task with {', '.join(missing)} (e.g. task arithmetic_rubrics), "
+                             f"got {type(task).__name__}")
+
+    def _generate(self, examples, reasoner_texts, existing, context, step) -> base.Rollouts:
+        """Step 2's rollouts: M per question, each prompt showing the question, the first responses_shown of
+        its N responses and the existing criteria (C_hist), sampled with the generator's token budget."""
+        config, num_responses = self.config, context.sampling.n
+        shown = config.responses_shown or num_responses
+        prompts = [context.task.generator_prompt(e, reasoner_texts[p * num_responses:p * num_responses + shown],
+                                                 existing[p])
+                   for p, e in enumerate(examples)]
+        sampling = dataclasses.replace(context.sampling, n=config.generator_group_size,
+                                       max_new_tokens=config.generator_max_new_tokens)
+        return base.sample_groups(prompts, dataclasses.replace(context, sampling=sampling), step, stream=1)
+
+    def _propose(self, examples, texts, existing, context) -> "_Proposals":
+        """Steps 2-3: each generator output parsed ("none" is the empty proposal), each parsed criterion
+        meta-verified against the question's existing criteria (all verified without the meta-verifier)."""
+        config, task = self.config, context.task
+        num_generators = config.generator_group_size
+        parsed, verified = [], []
+        failures, rejected = collections.Counter(), collections.Counter()
+        for p, example in enumerate(examples):
+            parsed.append([])
+            verified.append([])
+            for m in range(num_generators):
+                result = task.parse_generated_rubric(texts[p * num_generators + m], config.max_proposed,
+                                                     allow_empty=True)
+                criteria = result.rubric.criteria if result.ok else ()
+                if not result.ok:
+                    failures[result.reason] += 1
+                parsed[p].append(criteria if result.ok else None)
+                if config.meta_verifier and criteria:
+                    with context.timer.phase("judging"):
+                        invalid = task.meta_verify(example, criteria, existing[p])
+                    if len(invalid) != len(criteria):
+                        raise ValueError(f"meta_verify gave {len(invalid)} verdicts for {len(criteria)} criteria")
+                    rejected.update(category for category in invalid if category is not None)
+                    criteria = tuple(c for c, category in zip(criteria, invalid) if category is None)
+                verified[p].append(criteria)
+        return _Proposals(parsed=parsed, verified=verified, parse_failures=failures, rejected=rejected)
+
+    def _score_matrix(self, proposals, columns, verdicts, num_responses):
+        """Step 4's verdicts as the score matrix [P, M, K, N], s = points when met (partial credit scales them),
+        with the proposed and verified masks [P, M, K]. The verified criteria of R_m take its first slots (their
+        order in R~_m) and the rejected ones the next: every function downstream is order-free within R_m."""
+        config = self.config
+        shape = (len(proposals.parsed), config.generator_group_size, config.max_proposed)
+        scores = np.zeros(shape + (num_responses,), np.float32)
+        proposed, verified = np.zeros(shape, bool), np.zeros(shape, bool)
+        for p, batches in enumerate(proposals.verified):
+            rows = slice(p * num_responses, (p + 1) * num_responses)
+            for m, batch in enumerate(batches):
+                proposed[p, m, :len(proposals.parsed[p][m] or ())] = True
+                verified[p, m, :len(batch)] = True
+                for k, criterion in enumerate(batch):
+                    scores[p, m, k] = criterion.weight * verdicts.satisfied_bk[rows, columns[p, m, k]]
+        return scores, proposed, verified
+
+    def _generator_reward(self, proposals, terms: GeneratorTerms, generator) -> tuple[np.ndarray, dict]:
+        """Eq 3 per generator rollout [P * M], with the ablated terms left out; an unparsable proposal earns
+        parse_failure_reward - p_len. Also returns each term (for the metrics)."""
+        config = self.config
+        count = np.array([len(batch or ()) for batches in proposals.parsed for batch in batches], np.float32)
+        lengths = np.array([len(s.output_ids) for s in generator.samples], np.float32)
+        parsed = np.array([batch is not None for batches in proposals.parsed for batch in batches])
+        penalties = {
+            "count_penalty": np.asarray(rewards.excess_penalty(count, budget=config.count_budget,
+                                                               coef=config.count_coef)),
+            "length_penalty": np.asarray(rewards.excess_penalty(lengths, budget=config.generator_length_budget,
+                                                                coef=config.generator_length_coef)),
+        }
+        quality = {
+            "consensus_term": terms.consensus.reshape(-1) * config.peer_consensus,
+            "meta_term": terms.meta.reshape(-1) * config.meta_verifier,
+            "disc_term": terms.disc.reshape(-1) * config.discriminative,
+        }
+        reward = np.where(parsed, sum(quality.values()) - penalties["count_penalty"], config.parse_failure_reward)
+        return reward - penalties["length_penalty"], {**quality, **penalties}
+
+    def _reasoner_reward(self, base_rubrics, scored_pool, pool_columns, verdicts, reasoner, max_length):
+        """Eq 4 per reasoner rollout [P * N]: S_base + S_pool - p_len, each S a positive-points score (and the two
+        scores). The base rubric's verdicts are step 4's first columns; a pool criterion's, the column of its text
+        in `pool_columns`."""
+        num_rows = len(reasoner.samples)
+        base_items = _ItemArrays(num_rows, max([len(r) for r in base_rubrics] + [1]))
+        pool_items = _ItemArrays(num_rows, max([len(c) for c in scored_pool] + [1]))
+        for b, sample in enumerate(reasoner.samples):
+            p = sample.prompt_index
+            for k, criterion in enumerate(base_rubrics[p]):
+                base_items.set(b, k, verdicts.satisfied_bk[b, k], criterion.weight)
+            for j, criterion in enumerate(scored_pool[p]):
+                pool_items.set(b, j, verdicts.satisfied_bk[b, pool_columns[p][criterion.text]], criterion.weight)
+        lengths = jnp.asarray([len(s.output_ids) for s in reasoner.samples], jnp.float32)
+        # DAPO's shaping adds R_length(L) <= 0, which is -p_len; without a buffer it is 0 (L <= max_new_tokens).
+        length_penalty = -rewards.dapo_overlong_shaping(jnp.zeros_like(lengths), lengths, max_length=max_length,
+                                                        buffer_length=self.config.overlong_buffer,
+                                                        factor=self.config.overlong_factor)
+        reward = rubric_validity.evorubric_reasoner_reward(*base_items.arrays(), *pool_items.arrays(), length_penalty)
+        base_score = rewards.positive_points_score(*base_items.arrays())
+        pool_score = rewards.positive_points_score(*pool_items.arrays())
+        return np.asarray(reward), np.asarray(base_score), np.asarray(pool_score)
+
+    def _role_advantages(self, reward_b, group_ids, role_ids, valid_b):
+        """GRPO within each question's group, computed for each role on that role's rows only (core.roles)."""
+        reward_b, group_ids, role_ids = jnp.asarray(reward_b), jnp.asarray(group_ids), jnp.asarray(role_ids)
+        by_role = jnp.stack([
+            advantages.grpo_advantages(reward_b, group_ids, roles.role_mask(role_ids, role, jnp.asarray(valid_b)),
+                                       std_ddof=self.config.std_ddof, eps=self.config.eps)
+            for role in (REASONER, GENERATOR)])
+        return np.asarray(roles.select_by_role(role_ids, by_role))
+
+    @staticmethod
+    def _with_advantages(batch, advantage_b, valid_b):
+        """A role's packed rows with their advantages on the response tokens (rows not in `valid_b` masked)."""
+        batch = dict(batch)
+        if valid_b is not None:
+            batch["response_mask_bt"] = batch["response_mask_bt"] & valid_b[:, None]
+        batch["advantages_bt"] = np.asarray(advantages.broadcast_to_tokens(
+            jnp.asarray(advantage_b), jnp.asarray(batch["response_mask_bt"])))
+        return batch
+
+    def _evolution_metrics(self, proposals, terms, verified_mask, archived) -> dict[str, float]:
+        """The generator's format rate and parse failures by reason; the meta-verifier's rejections (overall and
+        by category, fractions of the proposed criteria); the pruned fraction (of the verified criteria); the mean
+        consensus rho over the proposals whose rho is defined (R^_m and a peer's R^ non-empty); the pool. A
+        fraction of nothing is left out (`base.summary_stats`' convention)."""
+        outputs = [batch for batches in proposals.parsed for batch in batches]
+        parsed = [batch for batch in outputs if batch is not None]
+        num_proposed = sum(len(batch) for batch in parsed)
+        num_verified = int(verified_mask.sum())
+        metrics = {
+            "evorubric/generator_format_rate": len(parsed) / len(outputs),
+            "evorubric/archived": float(sum(len(a) for a in archived)),
+            "evorubric/pool_size": float(len(self.pool)),
+            "evorubric/pool_questions": float(self.pool.num_questions),
+        }
+        metrics.update({f"evorubric/parse_failed/{reason}": float(n)
+                        for reason, n in sorted(proposals.parse_failures.items())})
+        if parsed:
+            metrics["evorubric/empty_proposal_rate"] = sum(not batch for batch in parsed) / len(parsed)
+            metrics["evorubric/proposed_mean"] = num_proposed / len(parsed)
+        if num_proposed and self.config.meta_verifier:
+            metrics["evorubric/meta_rejected_fraction"] = sum(proposals.rejected.values()) / num_proposed
+            metrics.update({f"evorubric/meta_rejected/{_metric_slug(category)}": n / num_proposed
+                            for category, n in sorted(proposals.rejected.items())})
+        if num_verified:
+            metrics["evorubric/pruned_fraction"] = 1 - float(terms.kept.sum()) / num_verified
+        has = np.asarray(terms.has_criteria)
+        defined = has & (has.sum(axis=1, keepdims=True) - has > 0)
+        if defined.any():
+            metrics["evorubric/consensus_rho_mean"] = float(np.asarray(terms.rho)[defined].mean())
+        return metrics
+
+
+class _ItemArrays:
+    """One source of eq 4 (the base rubric or the pool) as [B, K] verdicts, points and item mask."""
+
+    def __init__(self, rows: int, width: int):
+        self.satisfied = np.zeros((rows, width), np.float32)
+        self.points = np.zeros((rows, width), np.float32)
+        self.mask = np.zeros((rows, width), bool)
+
+    def set(self, row: int, item: int, satisfied: float, points: float) -> None:
+        self.satisfied[row, item], self.points[row, item], self.mask[row, item] = satisfied, points, True
+
+    def arrays(self) -> tuple[jax.Array, jax.Array, jax.Array]:
+        return jnp.asarray(self.satisfied), jnp.asarray(self.points), jnp.asarray(self.mask)

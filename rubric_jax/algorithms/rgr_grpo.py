@@ -1,0 +1,335 @@
+"""RGR-GRPO, "Reward and Guidance through Rubrics" (rgr_grpo.txt): a rubric reward of factual and process
+criteria, gated on the factual ones, and rubric-guided off-policy exploration: when no on-policy rollout of a
+group meets every criterion, the policy refines the group's best rollout on the criteria it failed, and the
+refinement joins the group as its off-policy rollout, trained with a shaped, unclipped objective.
+
+For each step (G = sampling.n rollouts per prompt; Algorithm 1 of Appendix B):
+  1. sample G responses per prompt: o_1..o_{G-1} on-policy, the G-th     base.sample_groups
+     held in reserve
+  2. judge each against its rubric of factual and process criteria       base.judge_rollouts
+  3. r_i = 1 if every factual criterion is met, else                     core.rewards.rgr_factual_gated_reward
+     sum_k w_k s_k / sum_k w_k over all criteria (eqs 4-5)
+  4. exploration assessment of o_1..o_{G-1}: o_best = argmax r (eq 7),   core.rubric_validity.rgr_exploration_assessment
+     solved iff o_best meets every criterion, C_failed its unmet ones (eq 8)
+  5. solved group: o_G is the reserved on-policy sample (plain GRPO)
+     unsolved group: o_G ~ pi_old(. | q, o_best, C_failed) (eq 9), one     base.sample_groups(..., stream=1) of
+     sample, judged and rewarded as in 2-3; it replaces the reserved      `refinement_prompt`
+     sample and is trained as a response to the original prompt q
+  6. length penalty r_i - lambda (L_i - L*) (section 3)                  core.rewards.rgr_length_shaping
+  7. A_i = r_i - mean_g r: eq 1 without the std, which the paper drops   core.advantages.dr_grpo_advantages
+     (section 3, after Dr.GRPO); scale_by_std restores eq 1               (grpo_advantages, sample std)
+  8. mixed-policy loss (eq 10): on-policy tokens -r A, no clip; the      core.losses.rgr_mixed_policy_loss
+     refinement's tokens -f(p) A, f(p) = p / (p + gamma) (eq 11); no KL;
+     minus entropy_coeff * entropy (section 3: 0.01); summed over each   core.losses.subtract_entropy_bonus
+     response's tokens and averaged over responses (eq 10's 1/G sum_i sum_t: seq_mean_token_sum)
+
+The paper's ablations (Table 2) are switches: refine=False is Rubric-GRPO (every rollout on-policy, the rest
+unchanged); exploration_assessment=False refines every group, solved or not ("w/o EA"); shaping=False trains o_G
+with the on-policy term -r A, r its ratio to pi_old under q (eq 10 with f the identity, "w/o Shaping");
+criteria="factual" keeps only the factual criteria, for the reward, the assessment and the refinement
+("Fact-Only Rubrics").
+
+Judge failures: a failed rollout's rubric reward is 0 (FailurePolicy ZERO_REWARD) or it leaves its group and
+the loss (EXCLUDE); either way it never becomes o_best, and a group with no judged on-policy rollout is not
+refined. An empty rubric is solved (nothing to refine on) and rewards 0. The length penalty applies to every
+response, judged or not.
+
+Metrics, besides reward/ (after the length penalty), advantage/, rubric/, judge/, response/ and outcome/accuracy
+(every row, refinements included): "rgr/rubric_reward/*" (eq 5, before the length penalty),
+"rgr/solved_group_fraction" (groups whose best on-policy rollout meets every criterion, whether or not refinement
+is on), "rgr/off_policy_fraction" (groups refined: the off-policy mixture ratio of Figure 4),
+"rgr/on_policy_accuracy", and, when a group was refined, "rgr/refined_better_fraction" (refinements whose rubric
+reward beats their attempt's), "rgr/refined_accuracy" and "rgr/refined_rubric_reward/*"; the loss adds
+"train/off_policy_tokens", "train/on_policy_ratio" and "train/shaped_prob" (`RGRGRPO.loss_fn`).
+
+Batch: base's layout plus "off_policy_b" [B] bool, the refined rows, which `loss_fn` reads. A refined row's
+prompt region holds q and its "rollout_logp_bt" the engine's logprobs under the refinement prompt (the behaviour
+policy's), so the trainer's mismatch/* diagnostics also measure, on those rows, how far the refinement context
+moved the policy; the learner's old logprobs, recomputed under q, enter its loss only without shaping.
+"""
+
+import dataclasses
+from typing import Any, Literal, Optional, Sequence
+
+import jax.numpy as jnp
+import numpy as np
+
+from rubric_jax.algorithms import base
+from rubric_jax.algorithms.registry import register
+from rubric_jax.core import advantages, losses, rewards, rubric_validity
+from rubric_jax.inference.engine import RolloutEngine, SamplingParams
+from rubric_jax.judges.base import Judge, JudgeRequest, Verdicts
+from rubric_jax.models import train_step
+from rubric_jax.rubrics import prompts
+from rubric_jax.rubrics.parsing import FailurePolicy
+from rubric_jax.rubrics.schema import Criterion, ItemKind, Rubric, rubric_arrays
+from rubric_jax.rubrics.steps import response_text, split_steps
+
+Criteria = Literal["all", "factual"]
+
+
+@dataclasses.dataclass(frozen=True)
+class RGRGRPOConfig:
+    """max_items: rubric width K. criteria: "all" or "factual" (ablation). refine / exploration_assessment /
+    shaping: the ablation switches (module docstring); the last two act on refined rollouts, so they must keep
+    their defaults when refine is off. gamma: the shaping constant (0.1). entropy_coeff: the entropy bonus (0.01).
+    length_coef / target_length: lambda and L* of the length penalty in tokens (1e-4, 2000). scale_by_std / eps:
+    GRPO's std scaling (off in the paper) and its epsilon. on_judge_failure: "zero_reward" or "exclude".
+    aggregation / norm_constant: the loss aggregation (`base.PolicyLossConfig`)."""
+
+    max_items: int = 16
+    criteria: Criteria = "all"
+    refine: bool = True
+    exploration_assessment: bool = True
+    shaping: bool = True
+    gamma: float = 0.1
+    entropy_coeff: float = 0.01
+    length_coef: float = 1e-4
+    target_length: float = 2000.0
+    scale_by_std: bool = False
+    eps: float = 1e-6
+    on_judge_failure: Literal["zero_reward", "exclude"] = "zero_reward"
+    aggregation: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"] = (
+        "seq_mean_token_sum"
+    )
+    norm_constant: Optional[float] = None
+
+    def __post_init__(self):
+        if self.max_items < 1:
+            raise ValueError(f"max_items must be >= 1, got {self.max_items}")
+        if not self.gamma > 0:
+            raise ValueError(f"gamma must be > 0, got {self.gamma}")
+        if not self.eps > 0:
+            raise ValueError(f"eps must be > 0, got {self.eps}")
+        for name in ("entropy_coeff", "length_coef", "target_length"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
+        if not self.refine and not (self.exploration_assessment and self.shaping):
+            raise ValueError("exploration_assessment and shaping act on refined rollouts: with refine false they "
+                             "must stay true")
+        self.policy_loss  # noqa: B018  (building it validates aggregation and norm_constant)
+
+    @property
+    def policy_loss(self) -> base.PolicyLossConfig:
+        return base.PolicyLossConfig(aggregation=self.aggregation, norm_constant=self.norm_constant)
+
+
+def refinement_prompt(task: Any, example: Any, attempt: str, failed: Sequence[Criterion]) -> list[dict[str, str]]:
+    """The prompt refining `attempt` on its `failed` criteria (eq 9): the task's own `refinement_prompt(example,
+    attempt, failed)` when it has one (a prompt sized for a small model's context), else the paper's template
+    (`prompts.self_refinement_prompt`)."""
+    if hasattr(task, "refinement_prompt"):
+        return task.refinement_prompt(example, attempt, failed)
+    return prompts.self_refinement_prompt(task.question(example), attempt, failed)
+
+
+def _rubric_items(rubrics: Sequence[Rubric], max_items: int, criteria: Criteria) -> tuple[np.ndarray, ...]:
+    """(weights [B, K], factual [B, K], counted [B, K]) of the rubrics: `counted` the items the reward, the
+    assessment and the refinement see, every existing item or the factual ones only."""
+    items = rubric_arrays(rubrics, max_items)
+    factual = items.item_kind_bk == int(ItemKind.FACTUAL)
+    counted = items.item_mask_bk & (factual if criteria == "factual" else True)
+    return items.item_weight_bk, factual, counted
+
+
+def _gated_reward(satisfied_bk, weights_bk, factual_bk, counted_bk) -> np.ndarray:
+    return np.asarray(rewards.rgr_factual_gated_reward(
+        jnp.asarray(satisfied_bk), jnp.asarray(weights_bk), jnp.asarray(factual_bk), jnp.asarray(counted_bk)))
+
+
+def _failed_criteria(rubric: Rubric, failed_k: np.ndarray) -> list[Criterion]:
+    return [rubric.criteria[k] for k in np.flatnonzero(failed_k)]
+
+
+@dataclasses.dataclass
+class _Rows:
+    """The step's G rows per prompt as the learner gets them: on-policy rollouts, with refined rows swapped in."""
+
+    samples: list
+    texts: list
+    batch: dict
+    satisfied_bk: np.ndarray
+    item_step_bk: np.ndarray
+    failed_b: np.ndarray
+    reasons: list
+    off_policy_b: np.ndarray
+
+    def verdicts(self) -> Verdicts:
+        return Verdicts(self.satisfied_bk, self.item_step_bk, self.failed_b, tuple(self.reasons))
+
+
+@register("rgr_grpo")
+class RGRGRPO(base.Algorithm):
+    config_class = RGRGRPOConfig
+
+    @property
+    def policy_loss(self) -> base.PolicyLossConfig:
+        return self.config.policy_loss
+
+    def loss_fn(self) -> train_step.TokenLossFn:
+        """Eq 10 per token with the entropy bonus. Token metrics (means over all response tokens):
+        "off_policy_tokens" (the refined rows' share), "on_policy_ratio" (r on on-policy tokens, 0 elsewhere) and
+        "shaped_prob" (f(p) on shaped tokens, 0 elsewhere): divide the last two by their rows' share of the tokens
+        for their means over those tokens."""
+        gamma, coeff, shaping = self.config.gamma, self.config.entropy_coeff, self.config.shaping
+
+        def loss_fn(logp_bt, entropy_bt, batch):
+            mask_bt = batch["response_mask_bt"]
+            off_policy_b = batch["off_policy_b"]
+            loss_bt, info = losses.rgr_mixed_policy_loss(
+                logp_bt, batch["old_logp_bt"], batch["advantages_bt"], mask_bt,
+                off_policy_b if shaping else jnp.zeros_like(off_policy_b), gamma=gamma)
+            loss_bt = losses.subtract_entropy_bonus(loss_bt, entropy_bt, mask_bt, coeff=coeff)
+            metrics = {"off_policy_tokens": mask_bt & off_policy_b[:, None], "on_policy_ratio": info.ratio_bt,
+                       "shaped_prob": info.shaped_prob_bt}
+            return loss_bt, metrics
+
+        return loss_fn
+
+    def experience(self, examples: Sequence[Any], context: base.RolloutContext, step: int) -> base.Experience:
+        config, group = self.config, context.sampling.n
+        if group < 2:
+            raise ValueError(f"RGR-GRPO needs sampling.n >= 2 (G - 1 on-policy rollouts and o_G), got {group}")
+        # 1-3: G rollouts per prompt, judged and rewarded.
+        rollouts = base.sample_groups([context.task.prompt(e) for e in examples], context, step)
+        verdicts, rubrics = base.judge_rollouts(examples, rollouts, context, config.max_items)
+        weights_bk, factual_bk, counted_bk = _rubric_items(rubrics, config.max_items, config.criteria)
+        rows = _Rows(samples=list(rollouts.samples), texts=list(rollouts.texts), batch=dict(rollouts.batch),
+                     satisfied_bk=np.array(verdicts.satisfied_bk), item_step_bk=np.array(verdicts.item_step_bk),
+                     failed_b=np.array(verdicts.failed_b), reasons=list(verdicts.reasons),
+                     off_policy_b=np.zeros(len(rollouts.samples), bool))
+        rubric_b = _gated_reward(rows.satisfied_bk, weights_bk, factual_bk, counted_bk)
+        # 4: exploration assessment over the G - 1 on-policy rollouts that were judged.
+        group_ids = rollouts.group_ids
+        assessed_b = (np.arange(len(group_ids)) % group < group - 1) & ~rows.failed_b
+        assessment = rubric_validity.rgr_exploration_assessment(
+            jnp.asarray(rubric_b), jnp.asarray(rows.satisfied_bk), jnp.asarray(counted_bk), jnp.asarray(group_ids),
+            jnp.asarray(assessed_b))
+        last_rows = np.arange(len(examples)) * group + group - 1
+        best_g = np.asarray(assessment.best_index)[last_rows]
+        solved_g = np.asarray(assessment.solved)[last_rows]
+        refine_g = config.refine & (best_g >= 0) & (~solved_g | (not config.exploration_assessment))
+        # 5: refine the unsolved groups' best rollouts; each refinement replaces its group's reserved rollout.
+        refined_groups = np.flatnonzero(refine_g)
+        if refined_groups.size:
+            failed_bk = np.asarray(assessment.failed_bk)
+            refine_prompts = [
+                refinement_prompt(context.task, examples[g], rows.texts[best_g[g]],
+                                  _failed_criteria(rubrics[best_g[g]], failed_bk[best_g[g]]))
+                for g in refined_groups]
+            self._swap_in_refinements(rows, refine_prompts, [examples[g] for g in refined_groups],
+                                      last_rows[refined_groups], rollouts.prompt_width, context, step)
+        rubric_b = _gated_reward(rows.satisfied_bk, weights_bk, factual_bk, counted_bk)
+        # 6-7: length penalty, group-relative advantages.
+        lengths_b = np.array([len(s.output_ids) for s in rows.samples], np.float32)
+        reward_b = np.asarray(rewards.rgr_length_shaping(
+            jnp.asarray(rubric_b), jnp.asarray(lengths_b), target_length=config.target_length,
+            coef=config.length_coef))
+        valid_b = ~rows.failed_b if config.on_judge_failure == FailurePolicy.EXCLUDE.value else None
+        mask = None if valid_b is None else jnp.asarray(valid_b)
+        if config.scale_by_std:
+            advantage_b = advantages.grpo_advantages(jnp.asarray(reward_b), jnp.asarray(group_ids), mask, std_ddof=1,
+                                                     eps=config.eps)
+        else:
+            advantage_b = advantages.dr_grpo_advantages(jnp.asarray(reward_b), jnp.asarray(group_ids), mask)
+        advantage_b = np.asarray(advantage_b)
+        batch = rows.batch
+        if valid_b is not None:
+            batch["response_mask_bt"] = batch["response_mask_bt"] & valid_b[:, None]
+        batch["advantages_bt"] = np.asarray(
+            advantages.broadcast_to_tokens(jnp.asarray(advantage_b), jnp.asarray(batch["response_mask_bt"])))
+        batch["off_policy_b"] = rows.off_policy_b
+
+        correct_b = np.array([context.task.is_correct(text, examples[g]) for text, g in zip(rows.texts, group_ids)])
+        best_rubric_g = np.where(best_g >= 0, rubric_b[np.maximum(best_g, 0)], 0)  # o_best's row is on-policy
+        refined_rows = last_rows[refined_groups]
+        metrics = {
+            **base.summary_stats("reward", reward_b),
+            **base.summary_stats("rgr/rubric_reward", rubric_b),
+            **base.summary_stats("advantage", advantage_b),
+            **base.rubric_metrics(rows.verdicts(), rubrics),
+            **base.rollout_metrics(base.Rollouts(rows.samples, rows.texts, batch, rollouts.prompt_width), correct_b),
+            "rgr/solved_group_fraction": float(np.mean(solved_g)),
+            "rgr/off_policy_fraction": float(np.mean(refine_g)),
+            "rgr/on_policy_accuracy": float(np.mean(correct_b[~rows.off_policy_b])),
+        }
+        if refined_groups.size:
+            metrics["rgr/refined_better_fraction"] = float(np.mean(
+                rubric_b[refined_rows] > best_rubric_g[refined_groups]))
+            metrics["rgr/refined_accuracy"] = float(np.mean(correct_b[refined_rows]))
+            metrics.update(base.summary_stats("rgr/refined_rubric_reward", rubric_b[refined_rows]))
+        return base.Experience(batch=batch, prompt_width=rollouts.prompt_width, metrics=metrics)
+
+    def _swap_in_refinements(self, rows: _Rows, refine_prompts, refined_examples, target_rows, prompt_width: int,
+                             context: base.RolloutContext, step: int) -> None:
+        """Samples one refinement per prompt (stream 1), judges it, and writes it over `target_rows`: its response
+        after the row's own prompt region (q), the engine's logprobs, its verdict, and off_policy_b."""
+        single = dataclasses.replace(context, sampling=dataclasses.replace(context.sampling, n=1))
+        refined = base.sample_groups(refine_prompts, single, step, stream=1)
+        verdicts, _ = base.judge_rollouts(refined_examples, refined, context, self.config.max_items)
+        batch, response_width = rows.batch, context.sampling.max_new_tokens
+        prompt_ids = [batch["tokens_bt"][r, :prompt_width][batch["attention_mask_bt"][r, :prompt_width]]
+                      for r in target_rows]
+        packed = train_step.pack_sequences(prompt_ids, [s.output_ids for s in refined.samples], pad_id=context.pad_id,
+                                           prompt_width=prompt_width, response_width=response_width)
+        for key, value in packed.items():
+            batch[key][target_rows] = value
+        batch["rollout_logp_bt"][target_rows] = np.pad(
+            refined.batch["rollout_logp_bt"][:, refined.prompt_width:], ((0, 0), (prompt_width, 0)))
+        for sample, text, reason, r in zip(refined.samples, refined.texts, verdicts.reasons, target_rows):
+            rows.samples[r] = dataclasses.replace(sample, prompt_index=rows.samples[r].prompt_index)
+            rows.texts[r] = text
+            rows.reasons[r] = reason
+        rows.satisfied_bk[target_rows] = verdicts.satisfied_bk
+        rows.item_step_bk[target_rows] = verdicts.item_step_bk
+        rows.failed_b[target_rows] = verdicts.failed_b
+        rows.off_policy_b[target_rows] = True
+
+
+def refine_at_test_time(
+    engine: RolloutEngine,
+    tokenizer: Any,
+    task: Any,
+    judge: Judge,
+    examples: Sequence[Any],
+    *,
+    max_new_tokens: int,
+    seed: int,
+    temperature: float = 0.0,
+    criteria: Criteria = "all",
+) -> dict[str, float]:
+    """Rubric-guided self-refinement at test time (rgr_grpo.txt, section 5.2, Figure 8) as one round of the
+    training-time refinement (eqs 8-9): each example's response (greedy by default, as the paper evaluates) is
+    judged against its rubric, and a response that misses some criterion (of `criteria`: "all", or "factual" as
+    the paper's Fact-Only setting) is refined once on the criteria it missed (`refinement_prompt`); the
+    refinement replaces it. The rubric is built from the reference, so this measures how well the policy uses
+    rubric guidance, not its unaided accuracy.
+
+    Metrics: "refine/accuracy_before" and "refine/accuracy_after" (task.is_correct), "refine/refined_fraction"
+    (the examples refined) and "refine/judge_failure_rate" (a response whose judgement failed is not refined:
+    there is nothing to refine it on).
+    """
+    def generate(prompts_, call_seed):
+        params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, seed=call_seed)
+        return [response_text(tokenizer, s.output_ids) for s in engine.generate(prompts_, params)]
+
+    texts = generate([task.prompt(e) for e in examples], seed)
+    rubrics = [task.rubric(e) for e in examples]
+    max_items = max(len(r.criteria) for r in rubrics)
+    verdicts = judge.judge([JudgeRequest(task.question(e), text, rubric, task.reference(e), len(split_steps(text)))
+                            for e, text, rubric in zip(examples, texts, rubrics)], max_items)
+    _, _, counted_bk = _rubric_items(rubrics, max_items, criteria)
+    missed_bk = counted_bk & (verdicts.satisfied_bk < 1)
+    refined = np.flatnonzero(~verdicts.failed_b & missed_bk.any(axis=1))
+    after = list(texts)
+    if refined.size:
+        refine_prompts = [refinement_prompt(task, examples[i], texts[i], _failed_criteria(rubrics[i], missed_bk[i]))
+                          for i in refined]
+        for i, text in zip(refined, generate(refine_prompts, seed + 1)):
+            after[i] = text
+    return {
+        "refine/accuracy_before": float(np.mean([task.is_correct(t, e) for t, e in zip(texts, examples)])),
+        "refine/accuracy_after": float(np.mean([task.is_correct(t, e) for t, e in zip(after, examples)])),
+        "refine/refined_fraction": refined.size / len(examples),
+        "refine/judge_failure_rate": float(np.mean(verdicts.failed_b)),
+    }

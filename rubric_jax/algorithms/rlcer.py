@@ -1,0 +1,375 @@
+"""RLCER, "Reinforcing Chain-of-Thought Reasoning with Self-Evolving Rubrics" (rlcer.txt): one policy plays two
+roles, a reasoner that answers and a rubricator that writes rubrics for the reasoner's CoTs. A CoT is rewarded by
+the valid rubrics it meets, a rubric being valid when meeting it goes with right answers; the rubricator is
+rewarded by how many of its rubrics are valid, so the rubrics evolve with the reasoner.
+
+For each step (P questions, N = sampling.n reasoner rollouts each; section 4, Algorithm 1, Figure 4):
+  1. sample N reasoner rollouts (C_n, A_n) per question Q                 base.sample_groups (Task.prompt)
+  2. z_n = I(A, A_n), the task's verifier                                  Task.is_correct
+  3. one rubricator rollout R_m ~ pi(. | Q, C_m) for each of the first     Task.rubricator_prompt,
+     M of the question's N rollouts (M = N: one per reasoner rollout;      base.sample_groups (n = 1, stream 1)
+     the rollouts are i.i.d., so the first M are a uniform subset)
+  4. parse R_m into K_m rubrics tau_k = (c_k, s_k); a failure has no       Task.parse_generated_rubric
+     rubric and format reward 0 (eq 11)
+  5. the verifier judges the question's K = sum_m K_m rubrics on each of   Judge.judge, one call for the step
+     its N rollouts: v_kn in {0, 1} (one request per reasoner rollout,
+     the K rubrics flattened into one list)
+  6. tau_k valid iff corr(v_k, z) > alpha and std(v_k) > 0 over the        core.rubric_validity.rlcer_rubric_validity
+     question's rollouts (eq 7; Pearson; a rollout whose judgement
+     failed takes no part)
+  7. reasoner: r_n = r_outcome (+1 / -1, eq 8) + r_cot (eq 6: min-max      core.rewards.rlcer_outcome_reward,
+     normalised points of the question's valid rubrics that C_n meets)     core.rubric_validity.rlcer_cot_reward
+     optional: DAPO's overlong penalty (Appendix A's "overlong buffer")    core.rewards.dapo_overlong_shaping
+  8. rubricator: r_m = K_valid,m / K_m + format_m (eqs 10-12)              core.rubric_validity.rlcer_rubricator_reward
+  9. role-specific advantages (section 4.5): GRPO over each question's N   core.roles (role_mask, select_by_role),
+     reasoner rollouts; the rubricator's rollouts each read another CoT,   core.advantages.grpo_advantages,
+     so no GRPO group of one context exists (after eq 13): normalised      core.roles.role_batch_advantages
+     over all rubricator rollouts of the batch (configurable)
+ 10. one PPO-clip update over both roles' rows (eq 13, no KL)              base.concat_batches, base.policy_loss_fn
+
+Ablations (section 5):
+- reasoner_reward "cot_only": RQ1's "Rubric Only", r_n = r_cot without the outcome term (the outcome still decides
+  which rubrics are valid); "random_cot_only": RQ1's control, r_n uniform in [0, 1), no rubric in the reward.
+- rubricator_training "format_only": section 5.4's "w/o evolving", the rubricator rewarded by the format only
+  (eq 11), its rubrics still generated and used; "frozen": the rubricator is not trained at all, its rows are left
+  out of the update (rubrics still generated and used).
+
+Conventions:
+- Penalty rubrics (negative points): the verifier's v_k = 1 means the flaw is present (Figure 10), and eq 7 as
+  written validates a rubric by corr(v_k, z), so a penalty rubric is valid when its flaw comes with right
+  answers. penalty_validity "as_written" (the default) follows the text; "flaw_absent" validates a penalty rubric
+  by corr(1 - v_k, z) (its points count against the CoT when the flaw comes with wrong answers), the reading in
+  which every valid rubric's contribution to the CoT reward agrees with correctness. The CoT reward (eq 6) uses
+  v_k either way; "rlcer/corr_mean" reports the correlation that validity thresholds.
+- Pooling: the CoT reward of a rollout uses the valid rubrics of all M rubricators of its question (Figure 4:
+  "all the valid rubrics are collected"); a criterion two rubricators both wrote counts twice, as two rubrics.
+- Judge failures: the failed reasoner rollout takes no part in validity (its verdicts are unknown, not "unmet");
+  on_judge_failure "zero_reward" gives it r_cot = 0 (its outcome term stays), "exclude" takes it out of its group
+  and of the loss. A question without any parsed rubric has no valid rubric: r_cot = 0 for its rollouts.
+- Batch rows: the reasoner's P * N rows (prompt-major, N per question), then the rubricator's P * M rows
+  (prompt-major, M per question), in one batch whose prompt region is the rubricator's wider one.
+- Metrics: "reward/*", "advantage/*", "response/*", "outcome/accuracy" are the reasoner's (comparable with the
+  other recipes); "rubricator/reward/*", "rubricator/advantage/*", "rubricator/length_mean"; "rlcer/corr_mean"
+  (mean corr(v_k, z) over proposed rubrics whose correlation is defined), "rlcer/valid_fraction" (eq 10 averaged
+  over the parsed rubricator outputs), "rlcer/cot_reward_mean" (over judged reasoner rollouts),
+  "rlcer/rubricator_format_rate", "rlcer/rubric_count_mean" (per parsed output), "rlcer/no_valid_rubric_fraction"
+  (questions), "rlcer/proposed/<name>" (fraction of parsed outputs proposing a named criterion) and
+  "rlcer/valid/<name>" (fraction of its proposals found valid), "rlcer/parse_failed/<reason>" (counts),
+  "judge/failure_rate" and "judge/failed/<reason>" (over the verifier's requests).
+"""
+
+import collections
+import dataclasses
+import functools
+from typing import Any, Literal, NamedTuple, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rubric_jax.algorithms import base
+from rubric_jax.algorithms.registry import register
+from rubric_jax.core import advantages, rewards, roles, rubric_validity
+from rubric_jax.judges.base import JudgeRequest, Verdicts
+from rubric_jax.rubrics.parsing import FailurePolicy, RubricParse
+from rubric_jax.rubrics.schema import Rubric, rubric_arrays
+from rubric_jax.rubrics.steps import split_steps
+
+REASONER, RUBRICATOR = 0, 1
+RUBRICATOR_STREAM, RANDOM_REWARD_STREAM = 1, 2  # sampling streams of one step (base.sample_groups)
+
+
+@dataclasses.dataclass(frozen=True)
+class RLCERConfig:
+    """alpha: eq 7's correlation threshold (0.2 in the paper); max_items: the most rubrics one rubricator output
+    may hold (a longer one is a format failure; the paper's prompt asks for 5-15); rubricators_per_question: M,
+    None for one per reasoner rollout (the paper's); rubricator_max_new_tokens: the rubricator's length budget
+    (None: the reasoner's); reasoner_reward / rubricator_training: the ablations (module docstring);
+    reasoner_advantage / rubricator_advantage: "grpo" (per question) or "batch" (per role over the batch,
+    `core.roles.role_batch_advantages`); on_judge_failure and penalty_validity: module docstring;
+    overlong_buffer: DAPO's soft overlong penalty on the reasoner's reward, a ramp to -1 over the last
+    overlong_buffer tokens of its max_new_tokens (0: off; the paper's Table 3: 4096 of 12288); std_ddof / eps:
+    the advantages' std (1: sample std) and epsilon. The policy loss defaults to the paper's (Table 3): PPO clip
+    0.2, no KL."""
+
+    policy_loss: base.PolicyLossConfig = base.PolicyLossConfig()
+    alpha: float = 0.2
+    max_items: int = 15
+    rubricators_per_question: Optional[int] = None
+    rubricator_max_new_tokens: Optional[int] = None
+    reasoner_reward: Literal["outcome_and_cot", "cot_only", "random_cot_only"] = "outcome_and_cot"
+    rubricator_training: Literal["evolving", "format_only", "frozen"] = "evolving"
+    reasoner_advantage: Literal["grpo", "batch"] = "grpo"
+    rubricator_advantage: Literal["batch", "grpo"] = "batch"
+    on_judge_failure: Literal["zero_reward", "exclude"] = "zero_reward"
+    penalty_validity: Literal["as_written", "flaw_absent"] = "as_written"
+    overlong_buffer: int = 0
+    std_ddof: int = 1
+    eps: float = 1e-6
+
+    def __post_init__(self):
+        if not -1 <= self.alpha < 1:
+            raise ValueError(f"alpha must be in [-1, 1) (a correlation threshold), got {self.alpha}")
+        if self.max_items < 1:
+            raise ValueError(f"max_items must be >= 1, got {self.max_items}")
+        if self.rubricators_per_question is not None and self.rubricators_per_question < 1:
+            raise ValueError(f"rubricators_per_question must be None or >= 1, got {self.rubricators_per_question}")
+        if self.rubricator_max_new_tokens is not None and self.rubricator_max_new_tokens < 1:
+            raise ValueError(f"rubricator_max_new_tokens must be None or >= 1, got {self.rubricator_max_new_tokens}")
+        if self.overlong_buffer < 0:
+            raise ValueError(f"overlong_buffer must be >= 0, got {self.overlong_buffer}")
+        if self.std_ddof not in (0, 1):
+            raise ValueError(f"std_ddof must be 0 or 1, got {self.std_ddof}")
+        if not self.eps >= 0:
+            raise ValueError(f"eps must be >= 0, got {self.eps}")
+
+
+class RubricTable(NamedTuple):
+    """The rubrics of P questions, M rubricator outputs each, laid out on a flat axis of K = M * max_items slots
+    (slot m * max_items + j is rubric j of output m): `parses` [P * M], `mask_pk` (the slot holds a rubric),
+    `points_pk` (its signed points), `names` [P][K] (criterion names, None for empty slots), and `rubrics` [P]:
+    each question's rubrics in slot order, the list the verifier judges (verdict column i is the i-th filled
+    slot)."""
+
+    parses: list[RubricParse]
+    mask_pk: np.ndarray
+    points_pk: np.ndarray
+    names: list[list[Optional[str]]]
+    rubrics: list[Rubric]
+
+
+def rubric_table(parses: Sequence[RubricParse], num_questions: int, max_items: int) -> RubricTable:
+    """Step 4's rubrics as a RubricTable; `parses` are prompt-major (M consecutive outputs per question)."""
+    per_question = len(parses) // num_questions
+    parsed = [p.rubric if p.ok else Rubric() for p in parses]
+    items = rubric_arrays(parsed, max_items)
+    shape = (num_questions, per_question * max_items)
+    names = [[None] * shape[1] for _ in range(num_questions)]
+    rubrics = []
+    for q in range(num_questions):
+        criteria = []
+        for m, rubric in enumerate(parsed[q * per_question:(q + 1) * per_question]):
+            criteria.extend(rubric.criteria)
+            for j, criterion in enumerate(rubric.criteria):
+                names[q][m * max_items + j] = criterion.name
+        template = next((r for r in parsed[q * per_question:(q + 1) * per_question] if r.criteria), Rubric())
+        rubrics.append(dataclasses.replace(template, criteria=tuple(criteria)))
+    return RubricTable(parses=list(parses), mask_pk=items.item_mask_bk.reshape(shape),
+                       points_pk=items.item_weight_bk.reshape(shape), names=names, rubrics=rubrics)
+
+
+def judge_rubrics(examples: Sequence[Any], reasoner: base.Rollouts, table: RubricTable,
+                  context: base.RolloutContext) -> tuple[np.ndarray, np.ndarray, Optional[Verdicts]]:
+    """Step 5: v [P, K, N] (0 in empty slots and on failed rollouts), judged [P, N] (the rollout's judgement did
+    not fail; the rollouts of a question without rubrics count as judged: nothing was asked of the verifier) and
+    the verifier's Verdicts (None when no question has a rubric). One judge call, one request per reasoner
+    rollout of a question with rubrics."""
+    num_questions, num_slots = table.mask_pk.shape
+    num_rollouts = len(reasoner.samples) // num_questions
+    v_pkn = np.zeros((num_questions, num_slots, num_rollouts), np.float32)
+    judged_pn = np.ones((num_questions, num_rollouts), bool)
+    rows = [b for b, s in enumerate(reasoner.samples) if table.rubrics[s.prompt_index].criteria]
+    if not rows:
+        return v_pkn, judged_pn, None
+    requests = []
+    for b in rows:
+        q, text = reasoner.samples[b].prompt_index, reasoner.texts[b]
+        requests.append(JudgeRequest(question=context.task.question(examples[q]), response=text,
+                                     rubric=table.rubrics[q], reference=context.task.reference(examples[q]),
+                                     num_steps=len(split_steps(text))))
+    with context.timer.phase("judging"):
+        verdicts = context.judge.judge(requests, num_slots)
+    for i, b in enumerate(rows):
+        q, n = reasoner.samples[b].prompt_index, b % num_rollouts
+        slots = np.flatnonzero(table.mask_pk[q])
+        v_pkn[q, slots, n] = verdicts.satisfied_bk[i, :len(slots)]
+        judged_pn[q, n] = not verdicts.failed_b[i]
+    return v_pkn, judged_pn, verdicts
+
+
+class QuestionScores(NamedTuple):
+    """Steps 6-7 per question: valid_pk (eq 7), corr_pk and corr_defined_pk (corr(v_k, z), defined when both
+    vary over the judged rollouts), cot_pn (eq 6; 0 for a rollout whose judgement failed)."""
+
+    valid_pk: jax.Array
+    corr_pk: jax.Array
+    corr_defined_pk: jax.Array
+    cot_pn: jax.Array
+
+
+@functools.partial(jax.jit, static_argnames=("alpha", "flaw_absent"))
+def question_scores(v_pkn: jax.Array, z_pn: jax.Array, judged_pn: jax.Array, mask_pk: jax.Array,
+                    points_pk: jax.Array, *, alpha: float, flaw_absent: bool = False) -> QuestionScores:
+    """Steps 6-7 of the module docstring for P questions at once (the core functions vmapped over questions);
+    `flaw_absent`: validate penalty rubrics by 1 - v_k (penalty_validity, module docstring)."""
+    u_pkn = jnp.where(points_pk[..., None] < 0, 1 - v_pkn, v_pkn) if flaw_absent else v_pkn
+    validity = functools.partial(rubric_validity.rlcer_rubric_validity, alpha=alpha)
+    valid_pk = jax.vmap(validity)(u_pkn, z_pn, mask_pk, judged_pn)
+    corr = jax.vmap(rubric_validity.masked_pearson)(u_pkn, z_pn, judged_pn)
+    cot_pn = jax.vmap(rubric_validity.rlcer_cot_reward)(v_pkn, points_pk, valid_pk)
+    return QuestionScores(valid_pk=valid_pk, corr_pk=corr.value, corr_defined_pk=corr.defined,
+                          cot_pn=jnp.where(judged_pn, cot_pn, 0))
+
+
+def role_advantages(reward_b: np.ndarray, role_ids: np.ndarray, group_ids: np.ndarray, valid_b: np.ndarray,
+                    estimators: Sequence[str], *, std_ddof: int, eps: float) -> np.ndarray:
+    """Step 9: each role's advantages with its estimator ("grpo": per group id; "batch": over the role's rows of
+    the batch), computed on that role's valid rows and merged into one [B] array (0 on invalid rows)."""
+    r, ids, groups = jnp.asarray(reward_b), jnp.asarray(role_ids), jnp.asarray(group_ids)
+    by_role = []
+    for role, estimator in enumerate(estimators):
+        mask = roles.role_mask(ids, role, jnp.asarray(valid_b))
+        if estimator == "grpo":
+            by_role.append(advantages.grpo_advantages(r, groups, mask, std_ddof=std_ddof, eps=eps))
+        else:
+            by_role.append(roles.role_batch_advantages(r, ids, mask, num_roles=len(estimators), std_ddof=std_ddof,
+                                                       eps=eps))
+    return np.asarray(roles.select_by_role(ids, jnp.stack(by_role)))
+
+
+def reasoner_rewards(correct_b: np.ndarray, cot_b: np.ndarray, mode: str, rng: np.random.Generator) -> np.ndarray:
+    """Step 7 under `mode` (RLCERConfig.reasoner_reward): r_outcome + r_cot (eq 9), r_cot alone (RQ1's Rubric
+    Only) or a uniform draw in [0, 1) (RQ1's random control), [B] float32."""
+    if mode == "random_cot_only":
+        return rng.random(len(correct_b)).astype(np.float32)
+    if mode == "cot_only":
+        return cot_b.astype(np.float32)
+    return np.asarray(rewards.rlcer_outcome_reward(jnp.asarray(correct_b))) + cot_b.astype(np.float32)
+
+
+def rubricator_rewards(valid_mk: np.ndarray, mask_mk: np.ndarray, format_m: np.ndarray, mode: str) -> np.ndarray:
+    """Step 8 under `mode` (RLCERConfig.rubricator_training): the format reward alone (eq 11) for "format_only"
+    (section 5.4's w/o evolving), else K_valid / K + format (eq 12; "frozen" reports it without training on it),
+    [M] float32."""
+    if mode == "format_only":
+        return format_m.astype(np.float32)
+    return np.asarray(rubric_validity.rlcer_rubricator_reward(
+        jnp.asarray(valid_mk), jnp.asarray(mask_mk), jnp.asarray(format_m)))
+
+
+def rlcer_metrics(table: RubricTable, scores: QuestionScores, judged_pn: np.ndarray,
+                   verdicts: Optional[Verdicts]) -> dict[str, float]:
+    """The "rlcer/*" and "judge/*" metrics of the module docstring."""
+    num_outputs = len(table.parses)
+    format_m = np.array([p.ok for p in table.parses], bool)
+    mask_mk = table.mask_pk.reshape(num_outputs, -1)
+    valid_pk, corr_pk, defined_pk = (np.asarray(a) for a in (scores.valid_pk, scores.corr_pk, scores.corr_defined_pk))
+    fraction_m = np.asarray(rubric_validity.rlcer_valid_fraction(jnp.asarray(valid_pk.reshape(mask_mk.shape)),
+                                                                 jnp.asarray(mask_mk)))
+    metrics = {
+        "rlcer/rubricator_format_rate": float(format_m.mean()),
+        "rlcer/no_valid_rubric_fraction": float(np.mean(~valid_pk.any(axis=1))),
+        "judge/failure_rate": 0.0 if verdicts is None else float(np.mean(verdicts.failed_b)),
+    }
+    if judged_pn.any():
+        metrics["rlcer/cot_reward_mean"] = float(np.asarray(scores.cot_pn)[judged_pn].mean())
+    if format_m.any():
+        metrics["rlcer/rubric_count_mean"] = float(mask_mk.sum(axis=1)[format_m].mean())
+        metrics["rlcer/valid_fraction"] = float(fraction_m[format_m].mean())
+    defined = table.mask_pk & defined_pk
+    if defined.any():
+        metrics["rlcer/corr_mean"] = float(corr_pk[defined].mean())
+    proposed, valid = collections.Counter(), collections.Counter()
+    for q, names in enumerate(table.names):
+        for k, name in enumerate(names):
+            if name is not None:
+                proposed[name] += 1
+                valid[name] += int(valid_pk[q, k])
+    metrics.update({f"rlcer/proposed/{name}": count / int(format_m.sum()) for name, count in proposed.items()})
+    metrics.update({f"rlcer/valid/{name}": valid[name] / count for name, count in proposed.items()})
+    failures = collections.Counter(p.reason for p in table.parses if not p.ok)
+    metrics.update({f"rlcer/parse_failed/{reason}": float(count) for reason, count in failures.items()})
+    if verdicts is not None:
+        metrics.update({f"judge/failed/{reason}": float(count) for reason, count in verdicts.failure_counts().items()})
+    return metrics
+
+
+def _trained_batch(rollouts: base.Rollouts, advantage_b: np.ndarray, trained_b: np.ndarray) -> dict[str, np.ndarray]:
+    """The rollouts' learner arrays with the untrained rows' response masks off and the advantages on the tokens."""
+    batch = dict(rollouts.batch)
+    batch["response_mask_bt"] = batch["response_mask_bt"] & trained_b[:, None]
+    batch["advantages_bt"] = np.asarray(
+        advantages.broadcast_to_tokens(jnp.asarray(advantage_b), jnp.asarray(batch["response_mask_bt"])))
+    return batch
+
+
+@register("rlcer")
+class RLCER(base.Algorithm):
+    config_class = RLCERConfig
+
+    @property
+    def policy_loss(self) -> base.PolicyLossConfig:
+        return self.config.policy_loss
+
+    def experience(self, examples: Sequence[Any], context: base.RolloutContext, step: int) -> base.Experience:
+        config, task = self.config, context.task
+        num_questions, num_rollouts = len(examples), context.sampling.n
+        per_question = config.rubricators_per_question or num_rollouts
+        if per_question > num_rollouts:
+            raise ValueError(f"rubricators_per_question ({per_question}) exceeds the reasoner's group size "
+                             f"({num_rollouts}): each rubricator reads a distinct reasoner rollout")
+        if config.overlong_buffer >= context.sampling.max_new_tokens:
+            raise ValueError(f"overlong_buffer ({config.overlong_buffer}) must be shorter than the reasoner's "
+                             f"max_new_tokens ({context.sampling.max_new_tokens})")
+        # 1-2: the reasoner's rollouts and their outcomes.
+        reasoner = base.sample_groups([task.prompt(e) for e in examples], context, step)
+        with context.timer.phase("judging"):
+            correct_b = np.array([task.is_correct(text, examples[s.prompt_index])
+                                  for s, text in zip(reasoner.samples, reasoner.texts)], bool)
+        # 3-4: one rubricator rollout on each of the first M CoTs of every question, parsed.
+        read = [b for b in range(len(reasoner.samples)) if b % num_rollouts < per_question]
+        sampling = dataclasses.replace(context.sampling, n=1, max_new_tokens=(
+            config.rubricator_max_new_tokens or context.sampling.max_new_tokens))
+        rubricator = base.sample_groups(
+            [task.rubricator_prompt(examples[reasoner.samples[b].prompt_index], reasoner.texts[b]) for b in read],
+            dataclasses.replace(context, sampling=sampling), step, stream=RUBRICATOR_STREAM)
+        table = rubric_table([task.parse_generated_rubric(text, config.max_items) for text in rubricator.texts],
+                             num_questions, config.max_items)
+        # 5-7: the verifier, validity, the reasoner's reward.
+        v_pkn, judged_pn, verdicts = judge_rubrics(examples, reasoner, table, context)
+        scores = question_scores(jnp.asarray(v_pkn), jnp.asarray(correct_b.reshape(num_questions, num_rollouts)),
+                                 jnp.asarray(judged_pn), jnp.asarray(table.mask_pk), jnp.asarray(table.points_pk),
+                                 alpha=config.alpha, flaw_absent=config.penalty_validity == "flaw_absent")
+        cot_b = np.asarray(scores.cot_pn).reshape(-1)
+        reasoner_reward_b = reasoner_rewards(correct_b, cot_b, config.reasoner_reward,
+                                             np.random.default_rng([context.seed, step, RANDOM_REWARD_STREAM]))
+        if config.overlong_buffer:
+            reasoner_reward_b = np.asarray(rewards.dapo_overlong_shaping(
+                jnp.asarray(reasoner_reward_b), jnp.asarray([len(s.output_ids) for s in reasoner.samples]),
+                max_length=context.sampling.max_new_tokens, buffer_length=config.overlong_buffer))
+        # 8: the rubricator's reward.
+        format_m = np.array([p.ok for p in table.parses], bool)
+        rubricator_reward_m = rubricator_rewards(np.asarray(scores.valid_pk).reshape(len(read), config.max_items),
+                                                 table.mask_pk.reshape(len(read), config.max_items), format_m,
+                                                 config.rubricator_training)
+        # 9: role-specific advantages over both roles' rows.
+        reasoner_trained_b = np.ones(len(correct_b), bool)
+        if config.on_judge_failure == FailurePolicy.EXCLUDE.value:
+            reasoner_trained_b = judged_pn.reshape(-1)
+        rubricator_trained_m = np.full(len(read), config.rubricator_training != "frozen")
+        advantage_b = role_advantages(
+            np.concatenate([reasoner_reward_b, rubricator_reward_m]),
+            np.repeat([REASONER, RUBRICATOR], [len(correct_b), len(read)]),
+            np.concatenate([reasoner.group_ids, np.asarray(read) // num_rollouts]),
+            np.concatenate([reasoner_trained_b, rubricator_trained_m]),
+            (config.reasoner_advantage, config.rubricator_advantage), std_ddof=config.std_ddof, eps=config.eps)
+        reasoner_advantage_b, rubricator_advantage_m = advantage_b[:len(correct_b)], advantage_b[len(correct_b):]
+        # 10: one batch over both roles (the frozen rubricator's rows left out).
+        parts = [(_trained_batch(reasoner, reasoner_advantage_b, reasoner_trained_b), reasoner.prompt_width)]
+        if config.rubricator_training != "frozen":
+            parts.append((_trained_batch(rubricator, rubricator_advantage_m, rubricator_trained_m),
+                          rubricator.prompt_width))
+        batch, prompt_width = base.concat_batches(parts, context.pad_id)
+        rubricator_lengths = np.array([len(s.output_ids) for s in rubricator.samples], np.float64)
+        metrics = {
+            **base.summary_stats("reward", reasoner_reward_b),
+            **base.summary_stats("advantage", reasoner_advantage_b, reasoner_trained_b),
+            **base.summary_stats("rubricator/reward", rubricator_reward_m),
+            **base.summary_stats("rubricator/advantage", rubricator_advantage_m, rubricator_trained_m),
+            **base.rollout_metrics(reasoner, correct_b),
+            **rlcer_metrics(table, scores, judged_pn, verdicts),
+            "rubricator/length_mean": float(rubricator_lengths.mean()),
+            "rubricator/truncated_fraction": float(np.mean([s.finish_reason == "length"
+                                                            for s in rubricator.samples])),
+        }
+        return base.Experience(batch=batch, prompt_width=prompt_width, metrics=metrics)

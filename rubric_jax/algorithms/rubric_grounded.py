@@ -1,0 +1,140 @@
+"""Rubric-grounded GRPO (rubric_grounded_rl.txt): a frozen judge scores each response against weighted
+criteria while seeing a grounding passage g that the policy never sees (the task's `reference`: a source
+passage; for the arithmetic task the gold solution), and GRPO with a leave-one-out baseline turns the rubric
+reward into advantages.
+
+For each step (G = sampling.n responses per prompt; section 3, Algorithm 1):
+  1. sample G responses to x alone, no grounding in the prompt   base.sample_groups (Task.prompt)
+  2. the judge scores each against (g, x, rubric): s_ik in [0,1] base.judge_rollouts (Task.reference -> judge)
+     the awarded fraction of criterion k's weight
+  3. r_i = clip(sum_k w_k s_ik / sum_k w_k, 0, 1) (eqs 1-2)      core.rewards.weighted_fraction, clip_rewards
+     a judge parse failure: every s_ik = 0, so r_i = 0          (section 5.4, FailurePolicy ZERO_REWARD;
+     (counted in judge/failed/<reason>)                           or out of its group and the loss: EXCLUDE)
+  4. optional truncation penalty (Appendix C): a response that   core.rewards.truncation_scaling (scale)
+     did not end on its stop token has r_i times a factor, or    core.rewards.truncation_mask (mask)
+     leaves its group and the loss
+  5. A_i = (r_i - b_i) / (s_i + eps), b_i and s_i the mean and   core.advantages.loo_std_advantages
+     sample std of the other G - 1 rewards (eqs 4-6)
+     ablations: the group-mean baseline (GRPO), no std scaling   grpo_ / rloo_ / dr_grpo_advantages
+  6. optional dynamic sampling (Appendix C): a group whose       core.rubric_validity.dapo_group_filter
+     rewards tie takes no part in the loss
+  7. A_i on every response token; PPO clip (eq 7) + beta k3 KL   core.advantages.broadcast_to_tokens,
+     to the initial policy (eq 8), token mean (eq 9); GSPO,       base.policy_loss_fn
+     dual clip, TIS / ICEPOP are PolicyLossConfig options
+
+Dynamic sampling keeps the batch's fixed shape, as the DAPO recipe does: a filtered group's response mask is
+switched off instead of re-sampling prompts until the batch is full ("grounded/kept_group_fraction").
+The paper's numeric hyperparameters did not survive in its text; the defaults here (KL coefficient 0.01, eps
+1e-6) are those of NeMo-RL, the framework the paper ran on (configs/rubric_grounded_paper.yaml).
+"""
+
+import dataclasses
+from typing import Any, Literal, Sequence
+
+import jax.numpy as jnp
+import numpy as np
+
+from rubric_jax.algorithms import base
+from rubric_jax.algorithms.dapo import kept_group_fraction
+from rubric_jax.algorithms.registry import register
+from rubric_jax.core import advantages, rewards, rubric_validity
+from rubric_jax.rubrics.parsing import FailurePolicy
+from rubric_jax.rubrics.schema import rubric_arrays
+
+
+@dataclasses.dataclass(frozen=True)
+class RubricGroundedConfig:
+    """max_items: rubric width K (the longest rubric must fit); on_judge_failure: "zero_reward" (the paper's) or
+    "exclude"; baseline: "loo" (eqs 4-6) or "group_mean" (GRPO's, with the rollout itself in the mean);
+    scale_by_std: divide by the (leave-one-out or group) std, the paper's "reward normalization"; std_ddof / eps:
+    that std (1: sample std) and its epsilon; dynamic_sampling: step 6; truncation: "none", "scale" (reward times
+    truncation_factor in [0, 1]) or "mask" (step 4). The policy loss defaults to the paper's: PPO clip 0.2, k3 KL
+    with coefficient 0.01, token mean."""
+
+    policy_loss: base.PolicyLossConfig = base.PolicyLossConfig(kl_coef=0.01, kl_estimator="k3")
+    max_items: int = 16
+    on_judge_failure: Literal["zero_reward", "exclude"] = "zero_reward"
+    baseline: Literal["loo", "group_mean"] = "loo"
+    scale_by_std: bool = True
+    std_ddof: int = 1
+    eps: float = 1e-6
+    dynamic_sampling: bool = False
+    truncation: Literal["none", "scale", "mask"] = "none"
+    truncation_factor: float = 0.5
+
+    def __post_init__(self):
+        if self.max_items < 1:
+            raise ValueError(f"max_items must be >= 1, got {self.max_items}")
+        if self.std_ddof not in (0, 1):
+            raise ValueError(f"std_ddof must be 0 or 1, got {self.std_ddof}")
+        if not self.eps >= 0:
+            raise ValueError(f"eps must be >= 0, got {self.eps}")
+        if not 0 <= self.truncation_factor <= 1:
+            raise ValueError(f"truncation_factor must be in [0, 1], got {self.truncation_factor}")
+
+
+def grounded_advantages(reward_b: np.ndarray, group_ids: np.ndarray, valid_b: np.ndarray,
+                        config: RubricGroundedConfig) -> np.ndarray:
+    """Step 5: the advantage estimator `config` names, over the valid rows; [B], 0 on the others."""
+    r, ids, valid = jnp.asarray(reward_b), jnp.asarray(group_ids), jnp.asarray(valid_b)
+    std = dict(std_ddof=config.std_ddof, eps=config.eps)
+    if config.baseline == "loo":
+        estimate = (advantages.loo_std_advantages(r, ids, valid, **std) if config.scale_by_std
+                    else advantages.rloo_advantages(r, ids, valid))
+    else:
+        estimate = (advantages.grpo_advantages(r, ids, valid, **std) if config.scale_by_std
+                    else advantages.dr_grpo_advantages(r, ids, valid))
+    return np.asarray(estimate)
+
+
+@register("rubric_grounded")
+class RubricGrounded(base.Algorithm):
+    config_class = RubricGroundedConfig
+
+    @property
+    def policy_loss(self) -> base.PolicyLossConfig:
+        return self.config.policy_loss
+
+    def experience(self, examples: Sequence[Any], context: base.RolloutContext, step: int) -> base.Experience:
+        config = self.config
+        for index, example in enumerate(examples):
+            if context.task.reference(example) is None:
+                raise ValueError(f"rubric_grounded needs a grounding passage: the task's reference of example "
+                                 f"{index} is None")
+        rollouts = base.sample_groups([context.task.prompt(e) for e in examples], context, step)
+        verdicts, rubrics = base.judge_rollouts(examples, rollouts, context, config.max_items)
+        items = rubric_arrays(rubrics, config.max_items)
+        # A failed judgement has every verdict 0 (judges.base), so its reward is 0: the paper's conservative zero.
+        reward_b = np.asarray(rewards.clip_rewards(rewards.weighted_fraction(
+            jnp.asarray(verdicts.satisfied_bk), jnp.asarray(items.item_weight_bk), jnp.asarray(items.item_mask_bk))))
+        valid_b = np.ones(len(reward_b), bool)
+        if config.on_judge_failure == FailurePolicy.EXCLUDE.value:
+            valid_b &= ~verdicts.failed_b
+        stopped_b = np.array([s.finish_reason == "stop" for s in rollouts.samples], bool)
+        if config.truncation == "scale":
+            reward_b = np.asarray(rewards.truncation_scaling(
+                jnp.asarray(reward_b), jnp.asarray(stopped_b), factor=config.truncation_factor))
+        elif config.truncation == "mask":
+            valid_b = np.asarray(rewards.truncation_mask(jnp.asarray(stopped_b), jnp.asarray(valid_b)))
+        group_ids = rollouts.group_ids
+        advantage_b = grounded_advantages(reward_b, group_ids, valid_b, config)
+        trained_b = valid_b
+        if config.dynamic_sampling:
+            trained_b = np.asarray(rubric_validity.dapo_group_filter(
+                jnp.asarray(reward_b), jnp.asarray(group_ids), jnp.asarray(valid_b)))
+        batch = dict(rollouts.batch)
+        batch["response_mask_bt"] = batch["response_mask_bt"] & trained_b[:, None]
+        batch["advantages_bt"] = np.asarray(
+            advantages.broadcast_to_tokens(jnp.asarray(advantage_b), jnp.asarray(batch["response_mask_bt"])))
+        correct_b = np.array([context.task.is_correct(text, examples[s.prompt_index])
+                              for s, text in zip(rollouts.samples, rollouts.texts)], bool)
+        metrics = {
+            **base.summary_stats("reward", reward_b),
+            **base.summary_stats("advantage", advantage_b, trained_b),
+            **base.rubric_metrics(verdicts, rubrics),
+            **base.rollout_metrics(rollouts, correct_b),
+            "grounded/zero_reward_fraction": float(np.mean(reward_b == 0)),
+            "grounded/empty_rubric_fraction": float(np.mean([not r.criteria for r in rubrics])),
+            "grounded/kept_group_fraction": kept_group_fraction(trained_b, group_ids),
+        }
+        return base.Experience(batch=batch, prompt_width=rollouts.prompt_width, metrics=metrics)

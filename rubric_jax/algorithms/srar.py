@@ -1,0 +1,409 @@
+r"""SRaR, "Step-wise Rubric Rewards for LLM Reasoning" (srar.txt): a judge attributes each typed rubric item
+(SUGGEST / PITFALL / BONUS / ANSWER) to a `### Step N:` step of the response; each step's rubric reward is
+normalised across the rollouts of its prompt and placed on that step's tokens only, on top of the outcome-only
+GRPO advantage, which the rubric never enters (the decoupled advantage, eq 6).
+
+Algorithm 1, for each training step (G = sampling.n responses per prompt):
+  3.     sample G responses to the step-format prompt             base.sample_groups
+         (the task's prompt, or Appendix 7.3's format prompt)     rubrics.prompts.step_format_prompt
+  6.     r_base = (1 - lambda) r_acc + lambda r_fmt               core.rewards.srar_base_reward
+         r_acc = task.is_correct, r_fmt = a step header and a box  has_step_format
+  7.     each token's step from the tokenizer's offset mapping     rubrics.steps.response_step_ids
+  8.     step-attributed judging of the typed rubric              base.judge_rollouts
+  9.     d[k, i] = sum of the budgeted deltas of step k's items   core.srar.srar_item_deltas, srar_step_rewards
+         (eq 3: +R_SUG / N_SUG, -|R_PIT| / N_PIT, +R_BON / N_BON per satisfied item; ANSWER items carry none)
+  11-13. d_bar[k, i] = (d[k, i] - mean_Gk) / (std_Gk + eps)       core.srar.srar_step_normalize
+         over G_k, the group's rollouts with a delta at step k; 0 when |G_k| <= 1 or std_Gk <= eps
+  16.    A_base = (r_base - mean_g) / (std_g + eps)              core.advantages.grpo_advantages
+  15,17. A[t] = A_base + d_bar[0] + d_bar[step of t]              core.srar.srar_token_offsets
+         (step 0 is the whole response; tokens outside every step get A_base + d_bar[0])
+  20.    PPO update; by default the authors' run: clip 0.2 / 0.28, dual clip c = 10, token-mean, no KL
+         (REFERENCE.md section 2)                                  base.policy_loss_fn
+         optional, as in the authors' DAPO setting: dynamic sampling on accuracy, a group whose answers are all
+         right or all wrong takes no part in the loss (fixed batch shape, as `algorithms.dapo`: its rows are
+         masked, not resampled)                                   core.rubric_validity.dapo_group_filter
+
+The paper's ablations (Appendix 17 and 18), each switching exactly one thing:
+- step_normalization=False ("w/o step norm."): lines 11-13 are skipped, the raw d[k, i] is the token offset.
+- advantage="merged" ("w/o decoupled adv."): one RaR-style scalar r_base + sum of the rollout's deltas is
+  GRPO-normalised and placed on the tokens of the steps that received rubric scores
+  (core.srar.srar_merged_advantages).
+- rubric="suggest_only" (Table 9): PITFALL and BONUS items are removed from every rubric before judging
+  (SUGGEST and ANSWER items stay, so N_SUG and the SUGGEST deltas are unchanged).
+
+Conventions:
+- Std: sample std (std_ddof 1), the authors' code; the paper's equations write the population std (std_ddof 0).
+- A rubric item of another kind (a generic CRITERION) carries no delta: SRaR on an untyped rubric is GRPO on
+  r_base (Proposition 20.7, as for an empty rubric).
+- A failed judgement has every item unsatisfied (`judges.base`). "zero_reward" (default, the authors'
+  convention): the rollout earns no rubric credit, so it is in no step group, and keeps its outcome advantage.
+  "exclude": it is masked out of every group statistic and of the loss.
+
+Metrics, besides reward/* (r_base), advantage/* (over response tokens), rubric/*, judge/*, response/* and
+outcome/accuracy: "srar/format_rate", "srar/steps_mean" (step headers per response), "srar/rubric_offset/*"
+(the decoupled rubric term over response tokens) and `analysis_metrics` under "srar/": per-type rubric scores
+(Figure 6) and satisfaction rates (Table 7), the looping rate by the four criteria of section 4.3.2 (Table 3),
+and, for a task that labels steps (`step_labels(response, example) -> list[bool]`), step accuracy, the Faithful
+Reasoning Rate and the Misaligned Trajectory Rate (Table 2).
+"""
+
+import dataclasses
+import math
+import re
+from typing import Any, Literal, Sequence
+
+import jax.numpy as jnp
+import numpy as np
+
+from rubric_jax.algorithms import base
+from rubric_jax.algorithms.dapo import kept_group_fraction
+from rubric_jax.algorithms.registry import register
+from rubric_jax.core import advantages, rewards, rubric_validity, srar
+from rubric_jax.core.rewards import ANSWER, BONUS, PITFALL, SUGGEST, TypedBudgets
+from rubric_jax.judges.base import Verdicts
+from rubric_jax.rubrics import prompts
+from rubric_jax.rubrics.parsing import FailurePolicy
+from rubric_jax.rubrics.schema import ItemKind, Rubric, RubricArrays, rubric_arrays
+from rubric_jax.rubrics.steps import response_step_ids, split_steps
+
+TYPE_NAMES = {SUGGEST: "suggest", PITFALL: "pitfall", BONUS: "bonus", ANSWER: "answer"}
+
+# Section 4.3.2's looping criteria: (i) more than 20 self-correction phrases, (ii) "### Step 1" more than once,
+# (iii) repeated step headings, (iv) more than 10% duplicate paragraphs.
+MAX_SELF_CORRECTIONS = 20
+MAX_DUPLICATE_PARAGRAPH_FRACTION = 0.10
+# The paper does not list its phrases; these are the revision markers of its case studies ("Wait, actually",
+# "Hmm, let me parse that carefully", "Wait, no") and their common variants. Case-insensitive, whole words.
+SELF_CORRECTION = re.compile(
+    r"\b(?:wait|hmm+|actually|oops|on second thought|i made (?:a|an) (?:mistake|error)"
+    r"|that(?:'s| is) (?:not right|wrong|incorrect)"
+    r"|let me (?:re-?check|double-check|verify|reconsider|re-?examine|re-?compute|re-?calculate|re-?evaluate|redo))\b",
+    re.IGNORECASE,
+)
+_BLANK_LINE = re.compile(r"\n[ \t]*\n")
+
+
+@dataclasses.dataclass(frozen=True)
+class SRaRConfig:
+    """max_items: rubric width K (the longest rubric must fit). max_steps: S, the highest step with its own
+    offset (a token of a higher step gets only step 0's; an item attributed above S counts as step 0).
+    format_weight: lambda of r_base (0.1 in the paper). budgets: R_SUG, R_PIT, R_BON (0.8, -1.0, 1.0).
+    prompt: "task" (the task's own prompt, already in step format for arithmetic) or "step_format" (Appendix
+    7.3 around the task's question). advantage / step_normalization / rubric: the ablations (module
+    docstring). dynamic_sampling: drop the groups of uniform accuracy (module docstring, line 20). on_judge_failure:
+    "zero_reward" or "exclude". std_ddof / eps: of both normalisations."""
+
+    policy_loss: base.PolicyLossConfig = base.PolicyLossConfig(
+        loss="dual_clip", eps_low=0.2, eps_high=0.28, clip_ratio_c=10.0)
+    max_items: int = 16
+    max_steps: int = 16
+    format_weight: float = 0.1
+    budgets: TypedBudgets = TypedBudgets()
+    prompt: Literal["task", "step_format"] = "task"
+    advantage: Literal["decoupled", "merged"] = "decoupled"
+    step_normalization: bool = True
+    rubric: Literal["full", "suggest_only"] = "full"
+    dynamic_sampling: bool = False
+    on_judge_failure: Literal["zero_reward", "exclude"] = "zero_reward"
+    std_ddof: int = 1
+    eps: float = 1e-6
+
+    def __post_init__(self):
+        for name in ("max_items", "max_steps"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not 0 <= self.format_weight <= 1:
+            raise ValueError(f"format_weight must be in [0, 1], got {self.format_weight}")
+        for name in ("suggest", "pitfall", "bonus"):
+            if not math.isfinite(getattr(self.budgets, name)):
+                raise ValueError(f"budgets.{name} must be finite, got {getattr(self.budgets, name)}")
+        if self.advantage == "merged" and not self.step_normalization:
+            raise ValueError("step_normalization=False ablates the decoupled advantage's step offsets; the merged "
+                             "advantage has none (it GRPO-normalises one scalar), so it needs step_normalization=True")
+        if self.std_ddof not in (0, 1):
+            raise ValueError(f"std_ddof must be 0 or 1, got {self.std_ddof}")
+        if not self.eps >= 0:
+            raise ValueError(f"eps must be >= 0, got {self.eps}")
+
+
+# ---------------------------------------------------------------- host-side pieces of the recipe
+
+
+def has_step_format(text: str) -> bool:
+    r"""SRaR's format reward r_fmt (eq 6; the authors' code): the response has a `### Step N:` header
+    (`rubrics.steps.split_steps`, outside fenced code) and a `\boxed{`."""
+    return bool(split_steps(text)) and "\\boxed{" in text
+
+
+def rollout_step_ids(rollouts: base.Rollouts, tokenizer: Any) -> np.ndarray:
+    """step_ids_bt [B, T] int32 of the packed rollouts: each response token's step (`response_step_ids`, the
+    tokenizer's offset mapping of the text the judge saw), 0 on the prompt and padding."""
+    step_ids_bt = np.zeros(rollouts.batch["tokens_bt"].shape, np.int32)
+    start = rollouts.prompt_width
+    for b, sample in enumerate(rollouts.samples):
+        step_ids_bt[b, start:start + len(sample.output_ids)] = response_step_ids(tokenizer, sample.output_ids)
+    return step_ids_bt
+
+
+@dataclasses.dataclass(frozen=True)
+class _KindsView:
+    """`task` with every rubric cut to the item kinds `kinds` (the SUGGEST-only ablation); the rest is the task's."""
+
+    task: Any
+    kinds: frozenset
+
+    def rubric(self, example: Any) -> Rubric:
+        rubric = self.task.rubric(example)
+        return dataclasses.replace(rubric, criteria=tuple(c for c in rubric.criteria if c.kind in self.kinds))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.task, name)
+
+
+def decoupled_advantages(
+    config: SRaRConfig,
+    base_b: np.ndarray,
+    group_ids: np.ndarray,
+    verdicts: Verdicts,
+    items: RubricArrays,
+    step_ids_bt: np.ndarray,
+    response_mask_bt: np.ndarray,
+    valid_b: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Algorithm 1, lines 9-17: (A [B, T], the rubric offset r_tilde [B, T]) with A = A_base + r_tilde on the
+    response tokens of valid rollouts, 0 elsewhere; r_tilde uses d_bar, or the raw d without step normalisation."""
+    group_ids, valid = jnp.asarray(group_ids), jnp.asarray(valid_b)
+    token_mask = jnp.asarray(response_mask_bt) & valid[:, None]
+    outcome_b = advantages.grpo_advantages(
+        jnp.asarray(base_b), group_ids, valid, std_ddof=config.std_ddof, eps=config.eps)
+    delta_bk, carries_bk = srar.srar_item_deltas(
+        jnp.asarray(verdicts.satisfied_bk), jnp.asarray(items.item_kind_bk), jnp.asarray(items.item_mask_bk),
+        config.budgets)
+    step_rewards = srar.srar_step_rewards(
+        delta_bk, carries_bk, jnp.asarray(verdicts.item_step_bk),
+        srar.response_step_counts(jnp.asarray(step_ids_bt), token_mask), max_steps=config.max_steps)
+    if config.step_normalization:
+        step_offsets_bs = srar.srar_step_normalize(
+            step_rewards, group_ids, valid, std_ddof=config.std_ddof, eps=config.eps)
+    else:
+        step_offsets_bs = jnp.where(valid[:, None], step_rewards.reward_bs, 0.0)
+    offsets_bt = srar.srar_token_offsets(step_offsets_bs, jnp.asarray(step_ids_bt), token_mask)
+    advantages_bt = advantages.broadcast_to_tokens(outcome_b, token_mask) + offsets_bt
+    return np.asarray(advantages_bt, np.float32), np.asarray(offsets_bt, np.float32)
+
+
+def merged_advantages(
+    config: SRaRConfig,
+    base_b: np.ndarray,
+    group_ids: np.ndarray,
+    verdicts: Verdicts,
+    items: RubricArrays,
+    step_ids_bt: np.ndarray,
+    response_mask_bt: np.ndarray,
+    valid_b: np.ndarray,
+) -> np.ndarray:
+    """The "w/o decoupled adv." ablation (`core.srar.srar_merged_advantages`), [B, T]."""
+    return np.asarray(srar.srar_merged_advantages(
+        jnp.asarray(base_b), jnp.asarray(group_ids), jnp.asarray(verdicts.satisfied_bk),
+        jnp.asarray(items.item_kind_bk), jnp.asarray(items.item_mask_bk), jnp.asarray(verdicts.item_step_bk),
+        jnp.asarray(step_ids_bt), jnp.asarray(response_mask_bt), jnp.asarray(valid_b), max_steps=config.max_steps,
+        budgets=config.budgets, std_ddof=config.std_ddof, eps=config.eps), np.float32)
+
+
+# ---------------------------------------------------------------- analysis metrics (training and eval)
+
+
+def typed_rubric_metrics(verdicts: Verdicts, items: RubricArrays, budgets: TypedBudgets = TypedBudgets()) -> dict:
+    """Per item type, over the rollouts whose rubric has items of that type (failed judgements count as
+    unsatisfied): "rate/<type>", the mean fraction of the type's items satisfied (Table 7; for PITFALL the rate
+    of falling in), and, for SUGGEST / PITFALL / BONUS, "score/<type>", the mean of the type's summed eq 3 deltas
+    (Figure 6's scores, in [0, R_SUG], [-|R_PIT|, 0], [0, R_BON]). "rubric_score": the mean weighted fraction of
+    `core.rewards.typed_item_credit` (what a response-level RaR reward would pay). A type no rollout has is absent."""
+    satisfied = np.asarray(verdicts.satisfied_bk, np.float32)
+    delta_bk, _ = srar.srar_item_deltas(
+        jnp.asarray(satisfied), jnp.asarray(items.item_kind_bk), jnp.asarray(items.item_mask_bk), budgets)
+    delta_bk = np.asarray(delta_bk)
+    metrics = {}
+    for kind, name in TYPE_NAMES.items():
+        of_type = items.item_mask_bk & (items.item_kind_bk == kind)
+        rows = of_type.any(axis=1)
+        if not rows.any():
+            continue
+        metrics[f"rate/{name}"] = float(np.mean((satisfied * of_type).sum(1)[rows] / of_type.sum(1)[rows]))
+        if kind != ANSWER:
+            metrics[f"score/{name}"] = float(np.mean((delta_bk * of_type).sum(1)[rows]))
+    if len(satisfied):
+        credit = np.asarray(rewards.typed_item_credit(satisfied, items.item_kind_bk, verdicts.failed_b))
+        metrics["rubric_score"] = float(np.mean(rewards.weighted_fraction(
+            jnp.asarray(credit), jnp.asarray(items.item_weight_bk), jnp.asarray(items.item_mask_bk))))
+    return metrics
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopingReport:
+    """Section 4.3.2's four looping criteria of one response: (i) `self_corrections`, the number of
+    SELF_CORRECTION phrases (looping above MAX_SELF_CORRECTIONS); (ii) `step_one_repeated`, "### Step 1" written
+    more than once; (iii) `repeated_headings`, two step headings alike: the same number, or the same title (the
+    rest of the header's line, white space collapsed, case folded, when not empty); (iv)
+    `duplicate_paragraph_fraction`, the fraction of paragraphs (blocks between blank lines, stripped, white
+    space collapsed) that repeat an earlier one (looping above MAX_DUPLICATE_PARAGRAPH_FRACTION)."""
+
+    self_corrections: int
+    step_one_repeated: bool
+    repeated_headings: bool
+    duplicate_paragraph_fraction: float
+
+    @property
+    def looping(self) -> bool:
+        """Any of the four criteria holds."""
+        return (self.self_corrections > MAX_SELF_CORRECTIONS or self.step_one_repeated
+                or self.repeated_headings or self.duplicate_paragraph_fraction > MAX_DUPLICATE_PARAGRAPH_FRACTION)
+
+
+def _normalized(text: str) -> str:
+    return " ".join(text.split()).casefold()
+
+
+def looping_report(text: str) -> LoopingReport:
+    """The four looping criteria of `text` (LoopingReport)."""
+    spans = split_steps(text)
+    numbers = [span.number for span in spans]
+    titles = [_normalized(text[span.start:span.end].split("\n", 1)[0]) for span in spans]
+    titles = [title for title in titles if title]
+    paragraphs = [_normalized(p) for p in _BLANK_LINE.split(text)]
+    paragraphs = [p for p in paragraphs if p]
+    repeats = len(paragraphs) - len(set(paragraphs))
+    return LoopingReport(
+        self_corrections=len(SELF_CORRECTION.findall(text)),
+        step_one_repeated=numbers.count(1) > 1,
+        repeated_headings=len(set(numbers)) < len(numbers) or len(set(titles)) < len(titles),
+        duplicate_paragraph_fraction=repeats / len(paragraphs) if paragraphs else 0.0,
+    )
+
+
+def looping_metrics(texts: Sequence[str]) -> dict[str, float]:
+    """Table 3's looping analysis of a batch of responses: "looping_rate" (any criterion), the rate of each
+    criterion ("loop/self_corrections", "loop/step_one_repeated", "loop/repeated_headings",
+    "loop/duplicate_paragraphs") and "self_corrections_mean" (Mean S-C). {} for no text."""
+    if not texts:
+        return {}
+    reports = [looping_report(text) for text in texts]
+    return {
+        "looping_rate": float(np.mean([r.looping for r in reports])),
+        "loop/self_corrections": float(np.mean([r.self_corrections > MAX_SELF_CORRECTIONS for r in reports])),
+        "loop/step_one_repeated": float(np.mean([r.step_one_repeated for r in reports])),
+        "loop/repeated_headings": float(np.mean([r.repeated_headings for r in reports])),
+        "loop/duplicate_paragraphs": float(np.mean(
+            [r.duplicate_paragraph_fraction > MAX_DUPLICATE_PARAGRAPH_FRACTION for r in reports])),
+        "self_corrections_mean": float(np.mean([r.self_corrections for r in reports])),
+    }
+
+
+def step_label_metrics(labels: Sequence[Sequence[bool]], correct_b: np.ndarray) -> dict[str, float]:
+    """Table 2's step-level analysis from per-step correctness labels of each response and its answer's
+    correctness: "step_accuracy", correct steps over all steps (absent when no response has a step); "frr", the
+    Faithful Reasoning Rate, the fraction of responses with a correct answer and all steps correct (A✓S✓);
+    "mtr", the Misaligned Trajectory Rate, (A✓S✗ + A✗S✓) / total. A response without steps does not have
+    all-correct steps (S✗). {} for no response."""
+    correct_b = np.asarray(correct_b, bool)
+    if len(labels) != len(correct_b):
+        raise ValueError(f"got {len(labels)} label lists for {len(correct_b)} responses")
+    if not len(labels):
+        return {}
+    all_steps_correct = np.array([bool(steps) and all(steps) for steps in labels], bool)
+    metrics = {
+        "frr": float(np.mean(correct_b & all_steps_correct)),
+        "mtr": float(np.mean(correct_b != all_steps_correct)),
+    }
+    total = sum(len(steps) for steps in labels)
+    if total:
+        metrics["step_accuracy"] = sum(sum(map(bool, steps)) for steps in labels) / total
+    return metrics
+
+
+def analysis_metrics(
+    task: Any,
+    examples: Sequence[Any],
+    texts: Sequence[str],
+    correct_b: np.ndarray,
+    verdicts: Verdicts,
+    rubrics: Sequence[Rubric],
+    budgets: TypedBudgets = TypedBudgets(),
+) -> dict[str, float]:
+    """SRaR's analysis of responses `texts` to `examples` (one example per response) judged into `verdicts`
+    against `rubrics`: `typed_rubric_metrics`, `looping_metrics` and, when the task has `step_labels`,
+    `step_label_metrics`. Keys without a prefix: the recipe logs them under "srar/", an evaluation under its own."""
+    metrics = {**typed_rubric_metrics(verdicts, rubric_arrays(rubrics, verdicts.satisfied_bk.shape[1]), budgets),
+               **looping_metrics(texts)}
+    if hasattr(task, "step_labels"):
+        labels = [task.step_labels(text, example) for text, example in zip(texts, examples)]
+        metrics.update(step_label_metrics(labels, correct_b))
+    return metrics
+
+
+# ---------------------------------------------------------------- the recipe
+
+
+@register("srar")
+class SRaR(base.Algorithm):
+    config_class = SRaRConfig
+
+    @property
+    def policy_loss(self) -> base.PolicyLossConfig:
+        return self.config.policy_loss
+
+    def _context(self, context: base.RolloutContext) -> base.RolloutContext:
+        if self.config.rubric == "suggest_only":
+            kinds = frozenset({ItemKind.SUGGEST, ItemKind.ANSWER})
+            return dataclasses.replace(context, task=_KindsView(context.task, kinds))
+        return context
+
+    def _prompt(self, task: Any, example: Any):
+        if self.config.prompt == "step_format":
+            return prompts.step_format_prompt(task.question(example))
+        return task.prompt(example)
+
+    def experience(self, examples: Sequence[Any], context: base.RolloutContext, step: int) -> base.Experience:
+        config = self.config
+        context = self._context(context)
+        task = context.task
+        rollouts = base.sample_groups([self._prompt(task, e) for e in examples], context, step)
+        owners = [examples[s.prompt_index] for s in rollouts.samples]
+        correct_b = np.array([task.is_correct(t, e) for t, e in zip(rollouts.texts, owners)], bool)
+        format_b = np.array([has_step_format(t) for t in rollouts.texts], bool)
+        base_b = np.asarray(rewards.srar_base_reward(
+            jnp.asarray(correct_b), jnp.asarray(format_b), format_weight=config.format_weight))
+        step_ids_bt = rollout_step_ids(rollouts, context.tokenizer)
+        verdicts, rubrics = base.judge_rollouts(examples, rollouts, context, config.max_items)
+        items = rubric_arrays(rubrics, config.max_items)
+
+        exclude = config.on_judge_failure == FailurePolicy.EXCLUDE.value
+        valid_b = ~verdicts.failed_b if exclude else np.ones(len(owners), bool)
+        metrics = {}
+        if config.dynamic_sampling:  # per group, so the kept groups' statistics are unchanged
+            keep_b = np.asarray(rubric_validity.dapo_group_filter(
+                jnp.asarray(correct_b, jnp.float32), jnp.asarray(rollouts.group_ids)))
+            valid_b = valid_b & keep_b
+            metrics["srar/kept_group_fraction"] = kept_group_fraction(keep_b, rollouts.group_ids)
+        batch = dict(rollouts.batch)
+        batch["response_mask_bt"] = batch["response_mask_bt"] & valid_b[:, None]
+        inputs = (config, base_b, rollouts.group_ids, verdicts, items, step_ids_bt, batch["response_mask_bt"],
+                  valid_b)
+        if config.advantage == "merged":
+            batch["advantages_bt"] = merged_advantages(*inputs)
+        else:
+            batch["advantages_bt"], offsets_bt = decoupled_advantages(*inputs)
+            metrics.update(base.summary_stats("srar/rubric_offset", offsets_bt, batch["response_mask_bt"]))
+
+        steps_b = [len(split_steps(t)) for t in rollouts.texts]
+        metrics.update({
+            **base.summary_stats("reward", base_b),
+            **base.summary_stats("advantage", batch["advantages_bt"], batch["response_mask_bt"]),
+            "srar/format_rate": float(np.mean(format_b)),
+            "srar/steps_mean": float(np.mean(steps_b)),
+            **{f"srar/{k}": v for k, v in analysis_metrics(
+                task, owners, rollouts.texts, correct_b, verdicts, rubrics, config.budgets).items()},
+            **base.rubric_metrics(verdicts, rubrics),
+            **base.rollout_metrics(rollouts, correct_b),
+        })
+        return base.Experience(batch=batch, prompt_width=rollouts.prompt_width, metrics=metrics)

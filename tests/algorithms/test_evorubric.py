@@ -1,0 +1,672 @@
+"""EvoRubric (evorubric.txt): the recipe's rewards and advantages equal a NumPy recomputation from the same
+generator outputs and judge verdicts (a scripted engine with hand-designed responses and proposals, and the
+embedded engine with a random policy), for the full method and every ablation; each ablation switch changes
+what the paper says it changes; judge failures, parse failures and empty rubrics are counted and never NaN; the
+memory pool persists across steps, is bounded, validates its state and survives a checkpoint / resume round
+trip through train_rl."""
+
+import collections
+import dataclasses
+import hashlib
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rubric_jax.algorithms.base import RolloutContext
+from rubric_jax.algorithms.evorubric import EvoRubric, EvoRubricConfig, MemoryPool, pooled
+from rubric_jax.data import arithmetic, rubric_world
+from rubric_jax.data.tasks import RubricWorldConfig, RubricWorldTask, build_task
+from rubric_jax.inference.engine import RolloutEngine, Sample, SamplingParams
+from rubric_jax.judges.base import Judge, JudgeRequest, RolloutVerdict, Verdicts
+from rubric_jax.rubrics.schema import Criterion, Rubric
+from rubric_jax.rubrics.steps import response_text
+from rubric_jax.training import rl
+from rubric_jax.training.checkpoint import Checkpointer
+from rubric_jax.training.metrics import PhaseTimer, read_metrics
+from rubric_jax.training.rl import train_rl
+from rubric_jax.training.run_config import (
+    AlgorithmSpec, CheckpointConfig, MetricsConfig, ModelInit, ModelSpec, RLConfig, RolloutConfig,
+    TaskSpec)
+from tests.core import reference_rewards as ref
+from tests.core.reference_advantages import grpo as reference_grpo
+
+TINY = ModelInit(hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16,
+                 max_position_embeddings=320)
+EOS = arithmetic.SPECIAL_TOKENS.index("<|im_end|>")
+ABLATIONS = {
+    "full": {},
+    "no_meta_verifier": {"meta_verifier": False},
+    "no_memory_pool": {"memory_pool": False},
+    "no_peer_consensus": {"peer_consensus": False},
+    "no_discriminative": {"discriminative": False},
+    "external": {"train_generator": False},
+}
+
+
+def coarse_task() -> RubricWorldTask:
+    return build_task("arithmetic_rubrics", {"base_rubric": "coarse"}, 0)
+
+
+def two_problems() -> list[arithmetic.Problem]:
+    """Two train problems of three steps, the first with a multiplication (so "MU" is met by every response)."""
+    problems = [p for p in coarse_task().train_stream(0).next_batch(200) if len(p.steps) == 3]
+    with_mul = next(p for p in problems if "*" in p.question)
+    return [with_mul, next(p for p in problems if p is not with_mul)]
+
+
+def wrong_at(problem: arithmetic.Problem, step: int) -> str:
+    """The gold solution with step `step` (1-based) off by one and the later steps computed from it."""
+    lines, value = [], None
+    for i, s in enumerate(problem.steps):
+        left = s.left if value is None else value
+        value = {"+": left + s.right, "-": left - s.right, "*": left * s.right}[s.op] + (i + 1 == step)
+        lines.append(f"### Step {i + 1}: {left} {s.op} {s.right} = {value}")
+    return "\n".join(lines + [f"\\boxed{{{value}}}"])
+
+
+# ---------------------------------------------------------------- engines, judges and tasks for the tests
+
+
+class ScriptedEngine(RolloutEngine):
+    """Answers a reasoner prompt (the question) with `responses[question]` and a generator prompt with
+    `proposals[question]`, sample j getting text j (cycled); every token has logprob -1."""
+
+    weight_version = "scripted"
+
+    def __init__(self, tokenizer, responses: dict, proposals: dict):
+        self.tokenizer, self.responses, self.proposals = tokenizer, responses, proposals
+
+    def generate(self, prompts, params):
+        samples = []
+        for i, prompt in enumerate(prompts):
+            content = prompt[-1]["content"]
+            if content.startswith("New rubrics for: "):
+                texts = self.proposals[content.split("\n")[0][len("New rubrics for: "):]]
+            else:
+                texts = self.responses[content]
+            for j in range(params.n):
+                ids = self.tokenizer.encode(texts[j % len(texts)], add_special_tokens=False) + [EOS]
+                stopped = len(ids) <= params.max_new_tokens
+                ids = ids[:params.max_new_tokens]
+                samples.append(Sample(prompt_index=i, output_ids=tuple(ids), logprobs=(-1.0,) * len(ids),
+                                      finish_reason="stop" if stopped else "length",
+                                      matched_stop=EOS if stopped else None, weight_version=self.weight_version))
+        return samples
+
+    async def agenerate(self, prompts, params):
+        return self.generate(prompts, params)
+
+    def update_weights(self, model, version):
+        raise NotImplementedError
+
+
+class Recording(RolloutEngine):
+    """Delegates to `engine` and records every call: (prompts, params, samples)."""
+
+    def __init__(self, engine: RolloutEngine):
+        self.engine, self.calls = engine, []
+        self.weight_version = engine.weight_version
+
+    def generate(self, prompts, params):
+        samples = self.engine.generate(prompts, params)
+        self.calls.append((list(prompts), params, samples))
+        return samples
+
+    async def agenerate(self, prompts, params):
+        return self.generate(prompts, params)
+
+    def update_weights(self, model, version):
+        self.engine.update_weights(model, version)
+
+
+FAIL_MARK = "### Step 9:"
+
+
+class FlakyJudge(Judge):
+    """The world's judge, except that a response containing FAIL_MARK is a failed judgement."""
+
+    def __init__(self, judge: Judge):
+        self.inner = judge
+
+    def judge(self, requests, max_items):
+        verdicts = self.inner.judge(requests, max_items)
+        rows = [RolloutVerdict.failure("check_raised", "scripted") if FAIL_MARK in r.response
+                else RolloutVerdict(tuple(verdicts.satisfied_bk[b, :len(r.rubric.criteria)]))
+                for b, r in enumerate(requests)]
+        return Verdicts.from_rollouts(rows, max_items)
+
+
+PROPOSAL_TEXTS = ("+3 S1\n-3 WS", "+1 MU\n+2 NI", "none", "+1 EV\n+1 MU", "+2 SH\n+1 BX", "+2 MU", "+1 RP\n-1 MU",
+                  "? not a rubric", "+1 MU\n+4 AN")
+
+
+class NoisyMuJudge(Judge):
+    """The world's judge, except that "MU" gets the partial credit (first byte of the response's SHA-256) / 255:
+    a criterion that splits a random policy's responses (the world's own checks seldom do), deterministic in the
+    text."""
+
+    def __init__(self):
+        self.inner = rubric_world.world_judge()
+
+    def judge(self, requests, max_items):
+        verdicts = self.inner.judge(requests, max_items)
+        satisfied = np.array(verdicts.satisfied_bk)
+        for b, request in enumerate(requests):
+            for k, criterion in enumerate(request.rubric.criteria):
+                if criterion.name == "MU":
+                    satisfied[b, k] = hashlib.sha256(request.response.encode()).digest()[0] / 255
+        return dataclasses.replace(verdicts, satisfied_bk=satisfied)
+
+
+@dataclasses.dataclass(frozen=True)
+class HashedProposalsTask(RubricWorldTask):
+    """The coarse world, except that a generator output is read as one of PROPOSAL_TEXTS chosen by its hash: a
+    random policy's text becomes a (deterministic) proposal, valid, flawed, empty or malformed."""
+
+    def parse_generated_rubric(self, text, max_items, allow_empty=False):
+        choice = hashlib.sha256(text.encode()).digest()[0] % len(PROPOSAL_TEXTS)
+        return super().parse_generated_rubric(PROPOSAL_TEXTS[choice], max_items, allow_empty)
+
+
+def hashed_task() -> HashedProposalsTask:
+    world = RubricWorldConfig(base_rubric="coarse")
+    return HashedProposalsTask(world.problems, 0, world)
+
+
+def context_for(engine, task, tokenizer, *, n=4, max_new_tokens=64, judge=None, seed=0) -> RolloutContext:
+    return RolloutContext(engine=engine, tokenizer=tokenizer, task=task, judge=judge or task.judge(), pad_id=0,
+                          seed=seed, sampling=SamplingParams(max_new_tokens=max_new_tokens, n=n),
+                          timer=PhaseTimer())
+
+
+def scripted_world(examples, *, proposals=None, responses=None):
+    """Responses per question: two gold solutions, one wrong at step 2, one wrong at step 1; proposals: the
+    five generator outputs below (a valid pair; a criterion constant on a question with a multiplication and a
+    flawed one; the empty list; one unrelated to correctness and a valid one; an unknown code), unless given."""
+    default_responses = {e.question: [arithmetic.solution_text(e), arithmetic.solution_text(e), wrong_at(e, 2),
+                                      wrong_at(e, 1)] for e in examples}
+    default_proposals = {e.question: ["+3 S1\n-3 WS", "+1 MU\n+2 NI", "none", "+1 EV\n+2 S2", "+3 S1\n+9 XX"]
+                         for e in examples}
+    return {**default_responses, **(responses or {})}, {**default_proposals, **(proposals or {})}
+
+
+def run_step(config, examples, *, task=None, responses=None, proposals=None, judge=None, algorithm=None, step=0,
+             n=4):
+    """One `experience` call on the scripted engine; returns (algorithm, experience, recorded calls, pool before)."""
+    task = task or coarse_task()
+    responses, proposals = scripted_world(examples, responses=responses, proposals=proposals)
+    engine = Recording(ScriptedEngine(task.tokenizer(), responses, proposals))
+    algorithm = algorithm or EvoRubric(config)
+    before = algorithm.state_dict()
+    result = algorithm.experience(examples, context_for(engine, task, task.tokenizer(), n=n, judge=judge), step)
+    return algorithm, result, engine.calls, before
+
+
+# ---------------------------------------------------------------- the NumPy reference of one step
+
+
+def pool_dict(state) -> "collections.OrderedDict[str, list[Criterion]]":
+    return collections.OrderedDict(
+        (entry["question"], list(Rubric.from_dict({"criteria": entry["criteria"]}).criteria))
+        for entry in state.get("pool", []))
+
+
+def reference_step(config: EvoRubricConfig, task, tokenizer, examples, calls, pool_before, *, judge=None,
+                   failed=lambda t: False):
+    """Eqs 1-4 and GRPO recomputed with loops from the recorded generations, the task's parser and
+    meta-verifier and the world judge asked one criterion at a time. Returns (reasoner rewards [P*N], reasoner
+    valid [P*N], generator rewards [P*M], advantages [P*N + P*M], pool after)."""
+    (_, reasoner_params, reasoner_samples), (_, generator_params, generator_samples) = calls
+    num_n, num_m = reasoner_params.n, generator_params.n
+    judge = judge or rubric_world.world_judge()
+    texts = [response_text(tokenizer, s.output_ids) for s in reasoner_samples]
+    outputs = [response_text(tokenizer, s.output_ids) for s in generator_samples]
+    pool_after = collections.OrderedDict(pool_before)
+    reasoner_rewards, valid, generator_rewards = [], [], []
+    for p, example in enumerate(examples):
+        question = task.question(example)
+        base = list(task.rubric(example).criteria)
+        history = list(pool_before.get(question, [])) if config.memory_pool else []
+        mine = texts[p * num_n:(p + 1) * num_n]
+        graded = [not failed(t) for t in mine]
+
+        def met(n, criterion):
+            if not graded[n]:
+                return 0.0
+            request = JudgeRequest(question, mine[n], Rubric((criterion,)), task.reference(example))
+            return float(judge.judge([request], 1).satisfied_bk[0, 0])
+
+        def varies(row):
+            column = [row[n] for n in range(num_n) if graded[n]]
+            return len(column) > 1 and max(column) != min(column)
+
+        batches, kept_all, lengths = [], [], []
+        for m in range(num_m):
+            parse = task.parse_generated_rubric(outputs[p * num_m + m], config.max_proposed, allow_empty=True)
+            length = len(generator_samples[p * num_m + m].output_ids)
+            lengths.append(config.generator_length_coef * max(length - config.generator_length_budget, 0))
+            if not parse.ok:
+                batches.append(None)
+                continue
+            proposed = list(parse.rubric.criteria)
+            verified = proposed
+            if config.meta_verifier and proposed:
+                invalid = task.meta_verify(example, proposed, base + history)
+                verified = [c for c, v in zip(proposed, invalid) if v is None]
+            rows = [[c.weight * met(n, c) for n in range(num_n)] for c in verified]
+            kept = [(c, row) for c, row in zip(verified, rows) if varies(row) or not config.discriminative]
+            kept_all += [c for c, _ in kept]
+            vector = [sum(row[n] for _, row in kept) / len(kept) for n in range(num_n)] if kept else None
+            batches.append(dict(proposed=proposed, verified=verified, kept=kept, vector=vector))
+        for m, batch in enumerate(batches):
+            if batch is None:
+                generator_rewards.append(config.parse_failure_reward - lengths[m])
+                continue
+            peers = [b["vector"] for j, b in enumerate(batches) if j != m and b is not None and b["vector"]]
+            rho = 0.0
+            if batch["vector"] and peers:
+                peer = [sum(v[n] for v in peers) / len(peers) for n in range(num_n)]
+                rho = ref.pearson(batch["vector"], peer, graded)[0]
+            n_proposed, n_verified, n_kept = len(batch["proposed"]), len(batch["verified"]), len(batch["kept"])
+            consensus = rho * n_kept / n_proposed if n_proposed else 0.0
+            meta = (n_verified - (n_proposed - n_verified)) / n_proposed if n_proposed else 0.0
+            disc = n_kept / n_verified if n_verified else 0.0
+            count_penalty = config.count_coef * max(n_proposed - config.count_budget, 0)
+            generator_rewards.append(config.peer_consensus * consensus + config.meta_verifier * meta
+                                     + config.discriminative * disc - count_penalty - lengths[m])
+        # The pool: new texts appended in proposal order, FIFO-bounded; the question becomes most recently used.
+        scored = list(history)
+        for criterion in kept_all:
+            if criterion.text not in {c.text for c in scored}:
+                scored.append(criterion)
+        scored = scored[-config.pool_max_per_question:]
+        if config.memory_pool:
+            pool_after.pop(question, None)
+            if scored:
+                pool_after[question] = scored
+            while len(pool_after) > config.pool_max_questions:
+                pool_after.popitem(last=False)
+        for n in range(num_n):
+            s_base = ref.positive_points_score([[met(n, c) for c in base]], [[c.weight for c in base]],
+                                               [[True] * len(base)])[0]
+            s_pool = ref.positive_points_score([[met(n, c) for c in scored]], [[c.weight for c in scored]],
+                                               [[True] * len(scored)])[0]
+            length = len(reasoner_samples[p * num_n + n].output_ids)
+            shaped = ref.dapo_overlong_shaping([0.0], [length], reasoner_params.max_new_tokens,
+                                               config.overlong_buffer, config.overlong_factor)[0]
+            reward = s_base + s_pool + shaped
+            ok = graded[n] or config.on_judge_failure == "zero_reward"
+            reasoner_rewards.append(reward if graded[n] else 0.0)
+            valid.append(ok)
+    rewards_all = reasoner_rewards + generator_rewards
+    group_ids = [p for p in range(len(examples)) for _ in range(num_n)] + \
+                [len(examples) + p for p in range(len(examples)) for _ in range(num_m)]
+    advantages = reference_grpo(rewards_all, group_ids, valid + [True] * len(generator_rewards),
+                                std_ddof=config.std_ddof, eps=config.eps)
+    return np.array(reasoner_rewards), np.array(valid), np.array(generator_rewards), advantages, pool_after
+
+
+def row_advantages(batch) -> np.ndarray:
+    """Each row's advantage (its value on every response token), NaN for a row with no response token."""
+    out = []
+    for advantage, mask in zip(batch["advantages_bt"], batch["response_mask_bt"]):
+        values = advantage[mask]
+        assert values.size == 0 or np.all(values == values[0])
+        out.append(values[0] if values.size else np.nan)
+        assert not advantage[~mask].any()
+    return np.array(out)
+
+
+def check_against_reference(config, task, examples, algorithm, result, calls, before, *, judge=None,
+                            failed=lambda t: False):
+    reasoner_reward, valid, generator_reward, advantages, pool_after = reference_step(
+        config, task, task.tokenizer(), examples, calls, pool_dict(before), judge=judge, failed=failed)
+    rows = len(reasoner_reward) + (len(generator_reward) if config.train_generator else 0)
+    got = row_advantages(result.batch)
+    assert got.shape == (rows,)
+    expected = np.where(np.concatenate([valid, np.ones(len(generator_reward), bool)]), advantages, np.nan)[:rows]
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+    assert result.metrics["reward/mean"] == pytest.approx(reasoner_reward[valid].mean(), abs=1e-6)
+    assert result.metrics["generator/reward/mean"] == pytest.approx(generator_reward.mean(), abs=1e-6)
+    assert pool_dict(algorithm.state_dict()) == pool_after  # OrderedDicts: the order (LRU) counts too
+    return reasoner_reward, generator_reward, advantages
+
+
+# ---------------------------------------------------------------- rewards and advantages against the reference
+
+
+@pytest.mark.parametrize("ablation", sorted(ABLATIONS))
+def test_two_steps_match_the_numpy_reference(ablation):
+    """The scripted world over two steps (the second sees the first's pool) for the method and each ablation."""
+    config = EvoRubricConfig(generator_group_size=5, generator_max_new_tokens=24, responses_shown=2,
+                             max_proposed=4, count_budget=1, count_coef=0.25, generator_length_budget=8,
+                             generator_length_coef=0.01, overlong_buffer=16, **ABLATIONS[ablation])
+    examples = two_problems()
+    algorithm, result, calls, before = run_step(config, examples)
+    rewards, generator_rewards, advantages = check_against_reference(config, coarse_task(), examples, algorithm,
+                                                                     result, calls, before)
+    assert np.abs(advantages).max() > 0.5 and np.ptp(rewards) > 0 and np.ptp(generator_rewards) > 0
+    algorithm, result, calls, before = run_step(config, examples, algorithm=algorithm, step=1)
+    check_against_reference(config, coarse_task(), examples, algorithm, result, calls, before)
+
+
+def test_hand_computed_scripted_step():
+    """The first question of the scripted world by hand (it has a multiplication, so every response uses one).
+
+    Responses: gold, gold, wrong at step 2, wrong at step 1 (a wrong step's result is off by one, later steps
+    follow from it, so the boxed answer is wrong). Scores s = points when met:
+      S1 (+3): 3 3 3 0     WS (-3): 0 0 -3 -3     S2 (+2): 2 2 0 0     MU (+1): 1 1 1 1 (pruned)
+    Proposals: m0 "S1 WS" (both kept), m1 "MU NI" (NI rejected: Unmeasurable Subjectivity; MU pruned), m2 none,
+    m3 "S2" (kept), m4 malformed (unknown code XX).
+    v_0 = (S1 + WS) / 2 = (1.5, 1.5, 0, -1.5), v_3 = (2, 2, 0, 0); rho_0 = rho_3 = corr(v_0, v_3)
+        = 4.5 / sqrt(6.1875 * 4) (deviations (1.125, 1.125, -0.375, -1.875) and (1, 1, -1, -1)).
+    R_gen = rho~ + r_meta + r_disc: m0 rho + 1 + 1; m1 0 + (1 - 1) / 2 + 0 = 0; m2 0; m3 rho + 1 + 1; m4 -1.
+    Reasoner: S_base = (answer 2 + format 0.5) / 2.5 = 1 for gold, 0.5 / 2.5 = 0.2 for the wrong ones; S_pool
+    over S1, WS, S2 (positive points 5) = (5, 5, 0, -3) / 5.
+    """
+    proposals = {question: ["+3 S1\n-3 WS", "+1 MU\n+2 NI", "none", "+2 S2", "+3 S1\n+9 XX"]
+                 for question in [e.question for e in two_problems()]}
+    config = EvoRubricConfig(generator_group_size=5, responses_shown=2, max_proposed=4)
+    examples = two_problems()
+    algorithm, result, _, _ = run_step(config, examples, proposals=proposals)
+    assert [(c.name, c.weight) for c in pool_dict(algorithm.state_dict())[examples[0].question]] == [
+        ("S1", 3), ("WS", -3), ("S2", 2)]
+    rho = 4.5 / math.sqrt(6.1875 * 4)
+    generator_reward = np.array([rho + 2, 0, 0, rho + 2, -1])
+    reasoner_reward = np.array([1, 1, 0.2, 0.2]) + np.array([5, 5, 0, -3]) / 5
+
+    def grpo(r):  # sample std, eps 1e-6
+        return (r - r.mean()) / (r.std(ddof=1) + 1e-6)
+
+    advantages = row_advantages(result.batch)
+    np.testing.assert_allclose(advantages[:4], grpo(reasoner_reward), rtol=1e-5)
+    np.testing.assert_allclose(advantages[8:13], grpo(generator_reward), rtol=1e-5)
+    metrics = result.metrics  # over both questions, whose proposals are the same
+    assert metrics["evorubric/generator_format_rate"] == pytest.approx(4 / 5)
+    assert metrics["evorubric/parse_failed/unrecognized"] == 2
+    assert metrics["evorubric/meta_rejected_fraction"] == pytest.approx(1 / 5)
+    assert metrics["evorubric/meta_rejected/unmeasurable_subjectivity"] == pytest.approx(1 / 5)
+    assert metrics["evorubric/empty_proposal_rate"] == pytest.approx(1 / 4)
+
+
+# ---------------------------------------------------------------- what each ablation changes
+
+
+def ablation_runs(**changes):
+    base_config = EvoRubricConfig(generator_group_size=5, responses_shown=2, max_proposed=4, **changes)
+    examples = two_problems()
+    full = run_step(EvoRubricConfig(generator_group_size=5, responses_shown=2, max_proposed=4), examples)
+    return full, run_step(base_config, examples), examples
+
+
+def test_without_peer_consensus_only_the_generator_reward_loses_rho_tilde():
+    (full_alg, full, _, _), (alg, ablated, _, _), _ = ablation_runs(peer_consensus=False)
+    difference = full.metrics["generator/reward/mean"] - ablated.metrics["generator/reward/mean"]
+    assert difference == pytest.approx(full.metrics["generator/consensus_term"], abs=1e-6) and difference != 0
+    assert ablated.metrics["generator/consensus_term"] == 0
+    assert full.metrics["reward/mean"] == ablated.metrics["reward/mean"]
+    assert full_alg.state_dict() == alg.state_dict()
+
+
+def test_without_the_meta_verifier_nothing_is_audited_and_r_meta_is_gone(monkeypatch):
+    calls = []
+    original = RubricWorldTask.meta_verify
+    monkeypatch.setattr(RubricWorldTask, "meta_verify", lambda self, *a: calls.append(a) or original(self, *a))
+    (_, full, _, _), (alg, ablated, _, _), examples = ablation_runs(meta_verifier=False)
+    assert len(calls) == 6  # the full run's parsed, non-empty proposals: 3 per question
+    calls.clear()
+    run_step(EvoRubricConfig(generator_group_size=5, responses_shown=2, max_proposed=4, meta_verifier=False),
+             examples)
+    assert not calls
+    assert ablated.metrics["generator/meta_term"] == 0 and full.metrics["generator/meta_term"] != 0
+    assert "evorubric/meta_rejected_fraction" not in ablated.metrics
+    # The noise criterion NI (a hash of the text), which the meta-verifier rejects, splits these responses and
+    # reaches the pool unaudited.
+    assert all("NI" in [c.name for c in criteria] for criteria in pool_dict(alg.state_dict()).values())
+
+
+def test_without_the_memory_pool_the_reasoner_uses_transient_rubrics_only():
+    config = EvoRubricConfig(generator_group_size=5, responses_shown=2, max_proposed=4, memory_pool=False)
+    examples = two_problems()
+    full_alg, full, _, _ = run_step(EvoRubricConfig(generator_group_size=5, responses_shown=2, max_proposed=4),
+                                    examples)
+    alg, ablated, _, _ = run_step(config, examples)
+    # First step: the pool was empty either way, so the reasoner is scored with the same (this step's) criteria.
+    np.testing.assert_allclose(row_advantages(full.batch)[:8], row_advantages(ablated.batch)[:8])
+    assert alg.state_dict() == {"pool": []} and full_alg.state_dict()["pool"]
+    # Second step: the generator sees the base rubric only, and nothing was archived.
+    _, second, calls, _ = run_step(config, examples, algorithm=alg, step=1)
+    generator_prompts = calls[1][0]
+    assert all(prompt[-1]["content"].endswith("Have: none") for prompt in generator_prompts)
+    assert second.metrics["evorubric/archived"] == 0 and second.metrics["evorubric/pool_size"] == 0
+    _, full_second, full_calls, _ = run_step(EvoRubricConfig(generator_group_size=5, responses_shown=2,
+                                                             max_proposed=4), examples, algorithm=full_alg, step=1)
+    assert not any(prompt[-1]["content"].endswith("Have: none") for prompt in full_calls[1][0])
+    with pytest.raises(ValueError, match="memory_pool is off"):
+        alg.load_state_dict(full_alg.state_dict())
+
+
+def test_without_the_discriminative_reward_constant_criteria_are_kept_and_r_disc_is_gone():
+    (_, full, _, _), (alg, ablated, _, _), examples = ablation_runs(discriminative=False)
+    assert ablated.metrics["generator/disc_term"] == 0 and full.metrics["generator/disc_term"] > 0
+    assert ablated.metrics["evorubric/pruned_fraction"] == 0 and full.metrics["evorubric/pruned_fraction"] > 0
+    # MU is met by every response of the first question (a multiplication): only the unfiltered run keeps it.
+    assert "MU" in {c.name for c in pool_dict(alg.state_dict())[examples[0].question]}
+
+
+def test_external_generator_rows_are_left_out_of_the_update():
+    (full_alg, full, _, _), (alg, ablated, _, _), _ = ablation_runs(train_generator=False)
+    assert full.batch["tokens_bt"].shape[0] == 2 * 4 + 2 * 5 and ablated.batch["tokens_bt"].shape[0] == 2 * 4
+    np.testing.assert_allclose(row_advantages(full.batch)[:8], row_advantages(ablated.batch))
+    assert full.metrics["generator/reward/mean"] == ablated.metrics["generator/reward/mean"]
+    assert full_alg.state_dict() == alg.state_dict()
+
+
+# ---------------------------------------------------------------- failures and empty rubrics mid-run
+
+
+@pytest.mark.parametrize("on_judge_failure", ["zero_reward", "exclude"])
+def test_judge_failures_and_malformed_proposals_are_counted_never_nan(on_judge_failure):
+    config = EvoRubricConfig(generator_group_size=5, responses_shown=2, max_proposed=4,
+                             on_judge_failure=on_judge_failure)
+    examples = two_problems()
+    broken = {examples[0].question: [arithmetic.solution_text(examples[0]), FAIL_MARK + " 1 + 1 = 2",
+                                     wrong_at(examples[0], 2), wrong_at(examples[0], 1)]}
+    malformed = {examples[1].question: ["+3 S1\n+3 S1", "", "+9 S1", "+1 S1\n+1 S2\n+1 S3\n+1 WS\n+1 EV", "none"]}
+    task = coarse_task()
+    algorithm, result, calls, before = run_step(config, examples, responses=broken, proposals=malformed,
+                                                judge=FlakyJudge(task.judge()))
+    check_against_reference(config, task, examples, algorithm, result, calls, before,
+                            failed=lambda text: FAIL_MARK in text)
+    metrics = result.metrics
+    assert all(math.isfinite(v) for v in metrics.values())
+    assert metrics["judge/failure_rate"] == pytest.approx(1 / 8) and metrics["judge/failed/check_raised"] == 1
+    assert metrics["evorubric/parse_failed/bad_id"] == 1 and metrics["evorubric/parse_failed/empty"] == 1
+    assert metrics["evorubric/parse_failed/out_of_bounds"] == 1
+    assert metrics["evorubric/parse_failed/too_many_items"] == 1
+    assert metrics["evorubric/parse_failed/unrecognized"] == 1  # the first question's fifth proposal
+    excluded = ~result.batch["response_mask_bt"][1].any()
+    assert excluded == (on_judge_failure == "exclude")
+
+
+@dataclasses.dataclass(frozen=True)
+class EmptyRubricTask(RubricWorldTask):
+    def rubric(self, example):
+        return Rubric(criteria=())
+
+
+def test_an_empty_base_rubric_and_empty_proposals_give_zero_advantages_not_nan():
+    world = RubricWorldConfig()
+    task = EmptyRubricTask(world.problems, 0, world)
+    examples = two_problems()
+    config = EvoRubricConfig(generator_group_size=3, responses_shown=2)
+    empty = {e.question: ["none"] for e in examples}
+    algorithm, result, calls, before = run_step(config, examples, task=task, proposals=empty)
+    check_against_reference(config, task, examples, algorithm, result, calls, before)
+    assert not result.batch["advantages_bt"].any()
+    assert result.metrics["reward/mean"] == 0 and result.metrics["evorubric/empty_proposal_rate"] == 1
+    assert "evorubric/consensus_rho_mean" not in result.metrics and "evorubric/pruned_fraction" not in result.metrics
+    assert all(math.isfinite(v) for v in result.metrics.values())
+
+
+# ---------------------------------------------------------------- the memory pool
+
+
+def criterion(code: str, points: int = 1) -> Criterion:
+    return rubric_world.world_criterion(code, points)
+
+
+def test_pool_archives_new_texts_evicts_fifo_per_question_and_lru_over_questions():
+    pool = MemoryPool(max_per_question=3, max_questions=2)
+    assert pool.archive("q1", [criterion("S1"), criterion("S1", 2), criterion("WS", -3)]) == [
+        criterion("S1"), criterion("WS", -3)]
+    assert pool.archive("q1", [criterion("S1", 5), criterion("S2"), criterion("EV")]) == [criterion("S2"),
+                                                                                         criterion("EV")]
+    assert [c.name for c in pool.criteria("q1")] == ["WS", "S2", "EV"]  # S1, the oldest, evicted
+    pool.archive("q2", [criterion("MU")])
+    pool.archive("q1", [])  # q1 used again: q2 is now the least recently used
+    pool.archive("q3", [criterion("RP")])
+    assert pool.criteria("q2") == () and pool.num_questions == 2 and len(pool) == 4
+    assert [entry["question"] for entry in pool.state_dict()["pool"]] == ["q1", "q3"]
+    assert pool.archive("q4", []) == [] and "q4" not in {e["question"] for e in pool.state_dict()["pool"]}
+    assert pooled([criterion("S1")], [criterion("S2"), criterion("S1", 3)], 5) == (criterion("S1"), criterion("S2"))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from("abcd"), st.lists(st.sampled_from(sorted(rubric_world.BY_CODE)),
+                                                              max_size=5)), max_size=25),
+       st.integers(1, 4), st.integers(1, 3))
+def test_pool_invariants_under_any_archive_sequence(archives, max_per_question, max_questions):
+    pool = MemoryPool(max_per_question, max_questions)
+    for question, codes in archives:
+        held = pool.criteria(question)
+        added = pool.archive(question, [criterion(code) for code in codes])
+        now = pool.criteria(question)
+        assert [c for c in now if c not in held] == [c for c in added if c in now] and len(added) <= len(codes)
+        assert {c.text for c in added}.isdisjoint(c.text for c in held)
+        if now:  # the question just used is the most recently used
+            assert pool.state_dict()["pool"][-1]["question"] == question
+        for entry in pool.state_dict()["pool"]:
+            texts = [c["text"] for c in entry["criteria"]]
+            assert 1 <= len(texts) <= max_per_question and len(set(texts)) == len(texts)
+        assert pool.num_questions <= max_questions
+        restored = MemoryPool(max_per_question, max_questions)
+        restored.load_state_dict(pool.state_dict())
+        assert restored.state_dict() == pool.state_dict()
+
+
+def test_pool_state_round_trips_in_order():
+    pool = MemoryPool(4, 10)
+    pool.archive("b", [criterion("S1", 3), criterion("WS", -3)])
+    pool.archive("a", [Criterion(text="Mentions the storage temperature", weight=7.0)])
+    restored = MemoryPool(4, 10)
+    restored.load_state_dict(pool.state_dict())
+    assert restored.state_dict() == pool.state_dict() and restored.criteria("b") == pool.criteria("b")
+    restored.load_state_dict({})
+    assert len(restored) == 0
+
+
+GOOD = {"question": "q", "criteria": [{"text": "step 1 is right", "weight": 3.0}]}
+
+
+@pytest.mark.parametrize("state, message", [
+    ([], "mapping with the key 'pool'"),
+    ({"pool": [], "extra": 1}, "mapping with the key 'pool'"),
+    ({"pool": {"q": []}}, "pool must be a list"),
+    ({"pool": [GOOD, GOOD]}, r"pool\[1\]\.question is repeated"),
+    ({"pool": [{"question": "q"}]}, r"pool\[0\] must be a mapping with the keys"),
+    ({"pool": [{**GOOD, "question": ""}]}, r"pool\[0\]\.question must be a non-empty string"),
+    ({"pool": [{**GOOD, "criteria": []}]}, r"pool\[0\] holds 0 criteria"),
+    ({"pool": [{**GOOD, "criteria": [{"text": "x", "weight": 1.0}] * 2}]}, "repeats a criterion text"),
+    ({"pool": [{**GOOD, "criteria": [{"text": f"c{i}"} for i in range(5)]}]}, r"holds 5 criteria"),
+    ({"pool": [{**GOOD, "criteria": [{"weight": 1.0}]}]}, r"pool\[0\]\.criteria\[0\]: missing key 'text'"),
+    ({"pool": [{**GOOD, "question": f"q{i}"} for i in range(3)]}, "more than pool_max_questions=2"),
+])
+def test_pool_state_is_validated(state, message):
+    pool = MemoryPool(max_per_question=4, max_questions=2)
+    pool.archive("kept", [criterion("S1")])
+    with pytest.raises(ValueError, match=message):
+        pool.load_state_dict(state)
+    assert [c.name for c in pool.criteria("kept")] == ["S1"]  # unchanged
+
+
+def test_a_task_without_the_generator_role_is_rejected():
+    task = build_task("arithmetic", {}, 0)
+    context = context_for(ScriptedEngine(task.tokenizer(), {}, {}), task, task.tokenizer())
+    with pytest.raises(ValueError, match="needs a task with generator_prompt, parse_generated_rubric, meta_verify"):
+        EvoRubric(EvoRubricConfig()).experience(task.train_stream(0).next_batch(1), context, 0)
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("generator_group_size", 1, "needs peers"), ("max_proposed", 0, "max_proposed must be >= 1"),
+    ("responses_shown", 0, "responses_shown"), ("count_coef", -1.0, "count_coef must be >= 0"),
+    ("overlong_buffer", -1, "overlong_buffer must be >= 0"), ("std_ddof", 2, "std_ddof"),
+    ("parse_failure_reward", math.inf, "parse_failure_reward must be finite"),
+    ("pool_max_questions", 0, "pool_max_questions must be >= 1"),
+])
+def test_config_is_validated(field, value, message):
+    with pytest.raises(ValueError, match=message):
+        EvoRubricConfig(**{field: value})
+
+
+# ---------------------------------------------------------------- train_rl end to end, checkpoint and resume
+
+
+def rl_config(tmp_path, steps: int) -> RLConfig:
+    params = {"generator_group_size": 3, "generator_max_new_tokens": 12, "responses_shown": 2, "max_proposed": 4,
+              "generator_length_budget": 8, "generator_length_coef": 0.01}
+    return RLConfig(output_dir=str(tmp_path / "run"), steps=steps, model=ModelSpec(init=TINY), seed=1,
+                    task=TaskSpec(name="arithmetic_rubrics", params={"base_rubric": "coarse"}),
+                    rollout=RolloutConfig(prompts_per_step=2, group_size=4, max_new_tokens=16),
+                    algorithm=AlgorithmSpec(name="evorubric", params=params),
+                    checkpoint=CheckpointConfig(every_steps=1, async_save=False),
+                    metrics=MetricsConfig(console=False, tensorboard=False, plots=False))
+
+
+def test_a_train_rl_step_end_to_end_matches_the_reference_and_its_pool_survives_resume(tmp_path, monkeypatch):
+    """A random tiny policy on the embedded engine (its generator text read as a hashed proposal, "MU" graded as
+    noise so that criteria survive the variance filter): one train_rl step whose experience equals the NumPy
+    reference and whose every metric is finite; then a resumed run loads the checkpointed pool."""
+    task, judge = hashed_task(), NoisyMuJudge()
+    engines, steps = [], []
+    make_engine = rl.make_engine
+    monkeypatch.setattr(rl, "make_engine", lambda *a: engines.append(Recording(make_engine(*a))) or engines[-1])
+    experience = EvoRubric.experience
+
+    def spied(self, examples, context, step):
+        before = self.state_dict()
+        result = experience(self, examples, context, step)
+        steps.append((self, examples, before, result))
+        return result
+
+    monkeypatch.setattr(EvoRubric, "experience", spied)
+    config = rl_config(tmp_path, 1)
+    last = train_rl(config, task, judge=judge)
+    [line] = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert all(math.isfinite(value) for value in line.values()) and line == {"step": 1, **last}
+    expected = {"reward/mean", "advantage/std", "outcome/accuracy", "generator/reward/mean",
+                "generator/advantage/std", "evorubric/generator_format_rate", "evorubric/pool_size",
+                "evorubric/consensus_rho_mean", "evorubric/pruned_fraction", "evorubric/meta_rejected_fraction",
+                "evorubric/archived", "judge/failure_rate", "train/loss", "train/grad_norm", "mismatch/k3"}
+    assert expected <= line.keys() and line["train/grad_norm"] > 0
+    [(algorithm, examples, before, result)] = steps
+    check_against_reference(algorithm.config, task, examples, algorithm, result, engines[0].calls[:2], before,
+                            judge=judge)
+
+    _, meta = Checkpointer(tmp_path / "run" / "checkpoints").restore(1, None)
+    saved = meta["algorithm_state"]
+    assert saved["pool"] and line["evorubric/pool_size"] == sum(len(e["criteria"]) for e in saved["pool"])
+    loaded = []
+    load = EvoRubric.load_state_dict
+    monkeypatch.setattr(EvoRubric, "load_state_dict", lambda self, state: loaded.append(state) or load(self, state))
+    train_rl(rl_config(tmp_path, 2), task, judge=judge)
+    assert loaded == [saved]
+    resumed_before = steps[1][2]
+    assert resumed_before == saved  # the resumed step started from the checkpointed pool
+    _, meta = Checkpointer(tmp_path / "run" / "checkpoints").restore(2, None)
+    after = pool_dict(meta["algorithm_state"])
+    for question, criteria in pool_dict(saved).items():  # far below the bounds: step 1's criteria all stay
+        assert after[question][:len(criteria)] == criteria
