@@ -5,7 +5,8 @@ on a CPU.
 
 One SFT cold start (configs/sft_arithmetic_rgr.yaml: step-format solutions, and refinements of corrupted attempts
 on the criteria they fail), then, from it and with the same seeds, rollouts, learner, optimizer and held-out
-evaluation (configs/rgr_grpo_cpu.yaml), one RL run per variant on task arithmetic_rgr:
+evaluation (configs/rgr_grpo_cpu.yaml), one RL run per variant on task arithmetic_rgr with two-digit operands
+(where the cold start rarely solves a problem alone but often refines one: `rubric_jax.data.arithmetic_rgr`):
 
   rgr_grpo             the paper's recipe: gated factual / process reward, exploration assessment, refinement of
                        each unsolved group's best rollout as its 8th, off-policy rollout, shaped mixed-policy loss

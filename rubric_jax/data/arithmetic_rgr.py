@@ -41,6 +41,13 @@ response given the criteria that response failed. Here:
   an attempt made by corrupting the gold solution (`corrupt_solution`, with a kind of mistake drawn uniformly
   from CORRUPTIONS), the criteria the judge finds the attempt fails (`failed_criteria`), and the gold solution as
   the target. A pure function of the index, so resuming is exact.
+
+Regime. The refinement only helps where the policy cannot compute what the criteria tell it. With one-digit
+operands (ArithmeticConfig's default) a 2-layer cold start computes nearly every line itself and learns to
+ignore the criteria: its refinements were correct no more often than a second fresh sample (held-out, temperature
+1: 0.707 -> 0.848 after refining the responses that missed a criterion, 0.891 with a second sample instead).
+With two-digit operands (max_operand 99, configs/sft_arithmetic_rgr.yaml and rgr_grpo_cpu.yaml) it must copy the
+sub-answers: on RL-time groups at temperature 1, 2-3% of its own rollouts were correct, 57-70% of its refinements.
 """
 
 import dataclasses
