@@ -48,7 +48,7 @@ from rubric_jax.judges.base import JudgeRequest
 from rubric_jax.judges.outcome import extract_boxed
 from rubric_jax.judges.programmatic import Attributed, ProgrammaticJudge, register_check
 from rubric_jax.rubrics.schema import Criterion, Rubric
-from rubric_jax.rubrics.steps import split_steps
+from rubric_jax.rubrics.steps import StepSpan, split_steps
 
 OPERATORS = ("+", "-", "*")
 MAX_RESULT = 99
@@ -71,12 +71,13 @@ Split = Literal["train", "eval"]
 _SPLIT_TAGS = {"train": 0, "eval": 1}
 # A split whose problems are this rare under a config is treated as empty (eval problems take ~10 draws).
 _MAX_DRAWS = 1000
-_APPLY = {"+": operator.add, "-": operator.sub, "*": operator.mul}
+Equation = tuple[int, str, int, int]  # (x, op, y, z): the line "x op y = z"
+APPLY = {"+": operator.add, "-": operator.sub, "*": operator.mul}
 
 # Numbers are ASCII digits, at most 9 of them: int() of a model's 5000-digit string would raise.
 _NUMBER = r"([0-9]{1,9})"
-_EQUATION = re.compile(rf"[ \t]*{_NUMBER}[ \t]*([-+*])[ \t]*{_NUMBER}[ \t]*=[ \t]*{_NUMBER}[ \t]*")
-_STEP_LINE = re.compile(rf"### Step {_NUMBER}:{_EQUATION.pattern}")
+EQUATION = re.compile(rf"[ \t]*{_NUMBER}[ \t]*([-+*])[ \t]*{_NUMBER}[ \t]*=[ \t]*{_NUMBER}[ \t]*")
+_STEP_LINE = re.compile(rf"### Step {_NUMBER}:{EQUATION.pattern}")
 _BOX_LINE = re.compile(rf"\\boxed\{{[ \t]*{_NUMBER}[ \t]*\}}[ \t]*")
 _BOXED_NUMBER = re.compile(_NUMBER)
 
@@ -131,7 +132,7 @@ class Step:
             value = getattr(self, field)
             if isinstance(value, bool) or not isinstance(value, int):
                 raise ValueError(f"{field} must be an int, got {value!r}")
-        if _APPLY[self.op](self.left, self.right) != self.result:
+        if APPLY[self.op](self.left, self.right) != self.result:
             raise ValueError(f"result: {self.left} {self.op} {self.right} is not {self.result}")
 
 
@@ -188,7 +189,7 @@ def _steps_from(config: ArithmeticConfig, lefts: tuple[int, ...]) -> tuple[Step,
     for left in lefts:
         for op in config.operators:
             for right in range(1, config.max_operand + 1):
-                result = _APPLY[op](left, right)
+                result = APPLY[op](left, right)
                 if 0 <= result <= MAX_RESULT:
                     candidates.append(Step(left, op, right, result))
     return tuple(candidates)
@@ -349,7 +350,7 @@ def problem_rubric(problem: Problem) -> Rubric:
     return Rubric(criteria=steps + (answer, layout), format="generic")
 
 
-def _parse_solution(text: str) -> Optional[tuple[tuple[tuple[int, str, int, int], ...], int]]:
+def _parse_solution(text: str) -> Optional[tuple[tuple[Equation, ...], int]]:
     """The equations (x, op, y, z) and boxed answer of `text` if it is, stripped, exactly step lines numbered
     1, 2, ... then one box line; None otherwise."""
     *step_lines, last = text.strip().split("\n")
@@ -359,16 +360,22 @@ def _parse_solution(text: str) -> Optional[tuple[tuple[tuple[int, str, int, int]
         match = _STEP_LINE.fullmatch(line)
         if match is None or int(match.group(1)) != k:
             return None
-        equations.append(_equation(match.groups()[1:]))
+        equations.append(parse_equation(match.groups()[1:]))
     return None if box is None else (tuple(equations), int(box.group(1)))
 
 
-def _equation(groups: Sequence[str]) -> tuple[int, str, int, int]:
+def parse_equation(groups: Sequence[str]) -> Equation:
     x, op, y, z = groups
     return int(x), op, int(y), int(z)
 
 
-def _gold(request: JudgeRequest) -> tuple[tuple[tuple[int, str, int, int], ...], int]:
+def step_equation(response: str, span: StepSpan) -> Optional[Equation]:
+    """(x, op, y, z) when the step's first line (after its `### Step k:` header) is an equation, else None."""
+    match = EQUATION.fullmatch(response[span.start : span.end].split("\n", 1)[0])
+    return None if match is None else parse_equation(match.groups())
+
+
+def gold_solution(request: JudgeRequest) -> tuple[tuple[Equation, ...], int]:
     """The equations and answer of the request's reference; ValueError (the rollout fails) if it has none."""
     parsed = None if request.reference is None else _parse_solution(request.reference)
     if parsed is None:
@@ -376,7 +383,7 @@ def _gold(request: JudgeRequest) -> tuple[tuple[tuple[int, str, int, int], ...],
     return parsed
 
 
-def _boxed_int(response: str) -> Optional[int]:
+def boxed_int(response: str) -> Optional[int]:
     """The integer in the response's last box (`extract_boxed`), None if it holds anything else."""
     boxed = extract_boxed(response)
     match = None if boxed is None else _BOXED_NUMBER.fullmatch(boxed)
@@ -384,26 +391,24 @@ def _boxed_int(response: str) -> Optional[int]:
 
 
 def _check_step(k: int, response: str, request: JudgeRequest) -> Attributed:
-    equations, _ = _gold(request)
+    equations, _ = gold_solution(request)
     if k > len(equations):
         raise ValueError(f"the reference has {len(equations)} steps, no step {k}")
     span = next((span for span in split_steps(response) if span.number == k), None)
     if span is None:
         return Attributed(False, -1)
-    first_line = response[span.start : span.end].split("\n", 1)[0]
-    match = _EQUATION.fullmatch(first_line)
-    return Attributed(match is not None and _equation(match.groups()) == equations[k - 1], k)
+    return Attributed(step_equation(response, span) == equations[k - 1], k)
 
 
 @register_check(ANSWER_CHECK)
 def _check_answer(response: str, request: JudgeRequest) -> Attributed:
-    _, answer = _gold(request)
-    return Attributed(_boxed_int(response) == answer, 0)
+    _, answer = gold_solution(request)
+    return Attributed(boxed_int(response) == answer, 0)
 
 
 @register_check(FORMAT_CHECK)
 def _check_format(response: str, request: JudgeRequest) -> Attributed:
-    equations, _ = _gold(request)
+    equations, _ = gold_solution(request)
     parsed = _parse_solution(response)
     return Attributed(parsed is not None and len(parsed[0]) == len(equations), 0)
 
@@ -421,4 +426,43 @@ def arithmetic_judge() -> ProgrammaticJudge:
 
 def is_correct(response: str, problem: Problem) -> bool:
     """Whether the response's last box holds the problem's answer (held-out accuracy)."""
-    return _boxed_int(response) == problem.answer
+    return boxed_int(response) == problem.answer
+
+
+@dataclasses.dataclass(frozen=True)
+class ArithmeticTask:
+    """Task "arithmetic" (`rubric_jax.data.tasks`): these problems, graded by `problem_rubric` and
+    `arithmetic_judge`; the SRaR, RGR-GRPO and rubric-world tasks subclass it."""
+
+    config: ArithmeticConfig
+    seed: int
+
+    def prompt(self, example: Problem) -> list[dict[str, str]]:
+        return prompt_messages(example)
+
+    def question(self, example: Problem) -> str:
+        return example.question
+
+    def rubric(self, example: Problem):
+        return problem_rubric(example)
+
+    def reference(self, example: Problem) -> str:
+        return reference_for(example)
+
+    def is_correct(self, response: str, example: Problem) -> bool:
+        return is_correct(response, example)
+
+    def solution(self, example: Problem) -> str:
+        return solution_text(example)
+
+    def train_stream(self, position: int) -> ArithmeticDataset:
+        return ArithmeticDataset(self.config, self.seed, "train", position)
+
+    def eval_examples(self, count: int) -> list[Problem]:
+        return eval_set(self.config, self.seed, count)
+
+    def judge(self):
+        return arithmetic_judge()
+
+    def tokenizer(self):
+        return build_tokenizer()

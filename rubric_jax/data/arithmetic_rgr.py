@@ -52,7 +52,6 @@ sub-answers: on RL-time groups at temperature 1, 2-3% of its own rollouts were c
 
 import dataclasses
 import functools
-import operator
 from typing import Any, Mapping, Optional, Sequence, Union
 
 import numpy as np
@@ -73,12 +72,11 @@ ATTEMPT_TOKENS = 64
 REFINEMENT_PROMPT_TOKENS = 256  # bound for problems of at most 3 steps (module docstring), tested
 REFINE_TAG = 2  # the SFT stream's draws, apart from the arithmetic stream's split tags 0 and 1
 CORRUPTIONS = ("result", "operand", "carry", "box", "layout", "character", "truncate")
-_APPLY = {"+": operator.add, "-": operator.sub, "*": operator.mul}
 _NOISE_CHARACTERS = "0123456789+-*= "
 _MAX_DRAWS = 20
 _SHOWN_CHARACTERS = frozenset(arithmetic.CHARACTERS) - {"<"}
 
-Equation = tuple[int, str, int, int]
+Equation = arithmetic.Equation
 
 
 # ---------------------------------------------------------------- rubric and checks
@@ -111,16 +109,16 @@ def _stated_equations(response: str, num_steps: int) -> Optional[list[Equation]]
         span = first_spans.get(k)
         if span is None:
             return None
-        match = arithmetic._EQUATION.fullmatch(response[span.start:span.end].split("\n", 1)[0])
-        if match is None:
+        equation = arithmetic.step_equation(response, span)
+        if equation is None:
             return None
-        equations.append(arithmetic._equation(match.groups()))
+        equations.append(equation)
     return equations
 
 
 @register_check(PLAN_CHECK)
 def _check_plan(response: str, request: JudgeRequest) -> bool:
-    gold, _ = arithmetic._gold(request)
+    gold, _ = arithmetic.gold_solution(request)
     stated = _stated_equations(response, len(gold))
     if stated is None or [span.number for span in split_steps(response)] != list(range(1, len(gold) + 1)):
         return False
@@ -129,12 +127,12 @@ def _check_plan(response: str, request: JudgeRequest) -> bool:
 
 @register_check(CARRY_CHECK)
 def _check_carry(response: str, request: JudgeRequest) -> bool:
-    gold, _ = arithmetic._gold(request)
+    gold, _ = arithmetic.gold_solution(request)
     stated = _stated_equations(response, len(gold))
     if stated is None:
         return False
     chained = all(stated[k][0] == stated[k - 1][3] for k in range(1, len(stated)))
-    return chained and arithmetic._boxed_int(response) == stated[-1][3]
+    return chained and arithmetic.boxed_int(response) == stated[-1][3]
 
 
 def rgr_judge() -> ProgrammaticJudge:
@@ -215,7 +213,7 @@ def _chain_mistake(problem: arithmetic.Problem, kind: str, rng: np.random.Genera
         if j > k:
             equations[j][0] = equations[j - 1][3]
         x, op, y, _ = equations[j]
-        equations[j][3] = _APPLY[op](x, y)
+        equations[j][3] = arithmetic.APPLY[op](x, y)
     return equations
 
 
@@ -306,48 +304,21 @@ class RefinementMixStream:
 
 
 @dataclasses.dataclass(frozen=True)
-class ArithmeticRGRTask:
+class ArithmeticRGRTask(arithmetic.ArithmeticTask):
     """Task "arithmetic_rgr": the arithmetic problems (prompts, stream, held-out set, tokenizer of
     `rubric_jax.data.arithmetic`) with `rgr_rubric`, `rgr_judge` and a `refinement_prompt`, which
     `rubric_jax.algorithms.rgr_grpo` uses in place of its generic self-refinement prompt."""
 
-    config: arithmetic.ArithmeticConfig
-    seed: int
-
-    def prompt(self, example: arithmetic.Problem) -> list[dict[str, str]]:
-        return arithmetic.prompt_messages(example)
-
-    def question(self, example: arithmetic.Problem) -> str:
-        return example.question
-
     def rubric(self, example: arithmetic.Problem) -> Rubric:
         return rgr_rubric(example)
 
-    def reference(self, example: arithmetic.Problem) -> str:
-        return arithmetic.reference_for(example)
-
-    def is_correct(self, response: str, example: arithmetic.Problem) -> bool:
-        return arithmetic.is_correct(response, example)
-
-    def solution(self, example: arithmetic.Problem) -> str:
-        return arithmetic.solution_text(example)
+    def judge(self) -> ProgrammaticJudge:
+        return rgr_judge()
 
     def refinement_prompt(
         self, example: arithmetic.Problem, attempt: str, failed: Sequence[Criterion]
     ) -> list[dict[str, str]]:
         return refinement_messages(example, attempt, failed)
-
-    def train_stream(self, position: int):
-        return arithmetic.ArithmeticDataset(self.config, self.seed, "train", position)
-
-    def eval_examples(self, count: int) -> list[arithmetic.Problem]:
-        return arithmetic.eval_set(self.config, self.seed, count)
-
-    def judge(self) -> ProgrammaticJudge:
-        return rgr_judge()
-
-    def tokenizer(self):
-        return arithmetic.build_tokenizer()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -35,15 +35,13 @@ Model text is matched with the regular expressions of `rubric_jax.data.arithmeti
 
 import dataclasses
 import re
-from typing import Optional
 
 from rubric_jax.data import arithmetic
-from rubric_jax.data.arithmetic import _APPLY, _EQUATION, _equation  # the base task's equation parsing
-from rubric_jax.data.tasks import ArithmeticTask
+from rubric_jax.data.arithmetic import APPLY, ArithmeticTask, step_equation
 from rubric_jax.judges.base import JudgeRequest
 from rubric_jax.judges.programmatic import Attributed, ProgrammaticJudge, register_check, step_at
 from rubric_jax.rubrics.schema import Criterion, ItemKind, Rubric
-from rubric_jax.rubrics.steps import StepSpan, split_steps
+from rubric_jax.rubrics.steps import split_steps
 
 SLIP_CHECK = "arithmetic_srar.arithmetic_slip"
 REPEAT_CHECK = "arithmetic_srar.repeated_step"
@@ -52,17 +50,11 @@ TRAILING_CHECK = "arithmetic_srar.text_after_answer"
 _CLOSED_BOX = re.compile(r"\\boxed\{[^{}]*\}")
 
 
-def _first_line_equation(response: str, span: StepSpan) -> Optional[tuple[int, str, int, int]]:
-    """(x, op, y, z) when the step's first line (after its header) is an equation, else None."""
-    match = _EQUATION.fullmatch(response[span.start : span.end].split("\n", 1)[0])
-    return None if match is None else _equation(match.groups())
-
-
 @register_check(SLIP_CHECK)
 def _check_arithmetic_slip(response: str, request: JudgeRequest) -> Attributed:
     for span in split_steps(response):
-        equation = _first_line_equation(response, span)
-        if equation is not None and _APPLY[equation[1]](equation[0], equation[2]) != equation[3]:
+        equation = step_equation(response, span)
+        if equation is not None and APPLY[equation[1]](equation[0], equation[2]) != equation[3]:
             return Attributed(True, span.number)
     return Attributed(False, -1)
 
@@ -127,13 +119,13 @@ def step_labels(response: str, problem: arithmetic.Problem) -> list[bool]:
     gold = problem.steps
     labels, previous = [], None  # previous: the equation the previous span wrote, or None
     for span in split_steps(response):
-        equation = _first_line_equation(response, span)
+        equation = step_equation(response, span)
         correct = False
         if equation is not None and 1 <= span.number <= len(gold):
             x, op, y, z = equation
             step = gold[span.number - 1]
             expected_x = previous[3] if previous is not None and span.number > 1 else step.left
-            correct = (x, op, y) == (expected_x, step.op, step.right) and _APPLY[op](x, y) == z
+            correct = (x, op, y) == (expected_x, step.op, step.right) and APPLY[op](x, y) == z
         labels.append(correct)
         previous = equation
     return labels

@@ -27,7 +27,6 @@ Conventions:
 import dataclasses
 import functools
 import hashlib
-import operator
 import re
 from typing import Callable, Optional, Sequence
 
@@ -60,7 +59,6 @@ class CheckableCriterion:
     flaw: Optional[str] = None
 
 
-_APPLY = {"+": operator.add, "-": operator.sub, "*": operator.mul}
 _STEP_EQUATION = re.compile(r"### Step [0-9]{1,9}:[ \t]*([0-9]{1,9})[ \t]*([-+*])[ \t]*([0-9]{1,9})[ \t]*=[ \t]*([0-9]{1,9})")
 
 
@@ -73,7 +71,7 @@ def _step_right(k: int, response: str, request: JudgeRequest) -> Attributed:
 def _wrong_result(response: str, request: JudgeRequest) -> bool:
     """Some `### Step k:` line states an equation whose arithmetic is wrong (whatever the problem)."""
     del request
-    return any(_APPLY[op](int(x), int(y)) != int(z) for x, op, y, z in _STEP_EQUATION.findall(response))
+    return any(arithmetic.APPLY[op](int(x), int(y)) != int(z) for x, op, y, z in _STEP_EQUATION.findall(response))
 
 
 def _header_repeated(response: str, request: JudgeRequest) -> bool:
@@ -267,7 +265,7 @@ def corrupted_solution(problem: arithmetic.Problem, rng: np.random.Generator) ->
     lines, value = [], None
     for i, step in enumerate(problem.steps):
         left = step.left if value is None else value
-        value = _APPLY[step.op](left, step.right)
+        value = arithmetic.APPLY[step.op](left, step.right)
         if i == k:
             value = value + error if value + error >= 0 else value - error  # stays a non-negative number
         value = max(value, 0)

@@ -10,46 +10,8 @@ train stream), `judge()` (the judge of its rubrics) and `tokenizer()` (for a mod
 import dataclasses
 from typing import Any, Callable, Literal, Mapping, Optional, Sequence
 
-from rubric_jax.data import arithmetic, arithmetic_rgr, rubric_world
+from rubric_jax.data import arithmetic, arithmetic_rgr, arithmetic_srar, rubric_world
 from rubric_jax.training.config import config_from_dict
-
-
-@dataclasses.dataclass(frozen=True)
-class ArithmeticTask:
-    """The synthetic multi-step arithmetic task of `rubric_jax.data.arithmetic`."""
-
-    config: arithmetic.ArithmeticConfig
-    seed: int
-
-    def prompt(self, example: arithmetic.Problem) -> list[dict[str, str]]:
-        return arithmetic.prompt_messages(example)
-
-    def question(self, example: arithmetic.Problem) -> str:
-        return example.question
-
-    def rubric(self, example: arithmetic.Problem):
-        return arithmetic.problem_rubric(example)
-
-    def reference(self, example: arithmetic.Problem) -> str:
-        return arithmetic.reference_for(example)
-
-    def is_correct(self, response: str, example: arithmetic.Problem) -> bool:
-        return arithmetic.is_correct(response, example)
-
-    def solution(self, example: arithmetic.Problem) -> str:
-        return arithmetic.solution_text(example)
-
-    def train_stream(self, position: int) -> arithmetic.ArithmeticDataset:
-        return arithmetic.ArithmeticDataset(self.config, self.seed, "train", position)
-
-    def eval_examples(self, count: int) -> list[arithmetic.Problem]:
-        return arithmetic.eval_set(self.config, self.seed, count)
-
-    def judge(self):
-        return arithmetic.arithmetic_judge()
-
-    def tokenizer(self):
-        return arithmetic.build_tokenizer()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,7 +25,7 @@ class RubricWorldConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class RubricWorldTask(ArithmeticTask):
+class RubricWorldTask(arithmetic.ArithmeticTask):
     """The arithmetic task for the two-role recipes (`rubric_jax.data.rubric_world`): the policy also writes
     rubrics (RLCER's rubricator, EvoRubric's generator), which `parse_generated_rubric` reads and the task's judge
     checks; `meta_verify` stands in for EvoRubric's meta-verifier."""
@@ -117,19 +79,15 @@ def _rubric_world(task_class):
     return build
 
 
-def _arithmetic(params: Mapping[str, Any], seed: int) -> ArithmeticTask:
-    return ArithmeticTask(config_from_dict(arithmetic.ArithmeticConfig, dict(params), "task.params"), seed)
-
-
-def _arithmetic_srar(params: Mapping[str, Any], seed: int) -> ArithmeticTask:
-    from rubric_jax.data.arithmetic_srar import ArithmeticSrarTask  # noqa: PLC0415  (it subclasses ArithmeticTask)
-
-    return ArithmeticSrarTask(config_from_dict(arithmetic.ArithmeticConfig, dict(params), "task.params"), seed)
+def _arithmetic(task_class):
+    def build(params: Mapping[str, Any], seed: int):
+        return task_class(config_from_dict(arithmetic.ArithmeticConfig, dict(params), "task.params"), seed)
+    return build
 
 
 TASKS: dict[str, Callable[[Mapping[str, Any], int], Any]] = {
-    "arithmetic": _arithmetic,
-    "arithmetic_srar": _arithmetic_srar,
+    "arithmetic": _arithmetic(arithmetic.ArithmeticTask),
+    "arithmetic_srar": _arithmetic(arithmetic_srar.ArithmeticSrarTask),
     "arithmetic_rubrics": _rubric_world(RubricWorldTask),
     "arithmetic_rubrics_sft": _rubric_world(RubricWorldSFTTask),
     "arithmetic_rgr": arithmetic_rgr.build_rl_task,

@@ -20,7 +20,7 @@ from rubric_jax.algorithms.srar import (
     SRaR, SRaRConfig, analysis_metrics, has_step_format, looping_metrics, looping_report,
     step_label_metrics)
 from rubric_jax.core import srar as core_srar
-from rubric_jax.core.rewards import ANSWER, BONUS, PITFALL, SUGGEST
+from rubric_jax.core.rewards import BONUS, PITFALL, SUGGEST
 from rubric_jax.data import arithmetic
 from rubric_jax.data.arithmetic_srar import ArithmeticSrarTask
 from rubric_jax.inference.embedded import EmbeddedEngine

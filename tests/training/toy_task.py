@@ -4,8 +4,7 @@ examples, stream and tokenizer, judged by a rubric of character checks that rand
 
 import dataclasses
 
-from rubric_jax.data.tasks import ArithmeticTask
-from rubric_jax.data.arithmetic import ArithmeticConfig
+from rubric_jax.data.arithmetic import ArithmeticConfig, ArithmeticTask
 from rubric_jax.judges.programmatic import ProgrammaticJudge, RegexCheck
 from rubric_jax.rubrics.schema import Criterion, Rubric
 
