@@ -29,11 +29,16 @@ from rubric_jax.training.sft import train_sft
 HEADLINE = ("eval/accuracy", "eval/rubric_score")
 
 
-def evaluate_directory(model_dir: Path, task: Any, config: EvalConfig, *, max_new_tokens: int, seed: int):
-    """Held-out metrics of the Hugging Face policy in `model_dir` on the task's eval set."""
+def embedded_engine_from(model_dir: Path, seed: int) -> tuple[EmbeddedEngine, Any]:
+    """An embedded engine serving the Hugging Face policy saved in `model_dir`, and its tokenizer."""
     model, tokenizer = load_hf_checkpoint(model_dir), load_tokenizer(model_dir)
     eos_ids, pad_id = policy.eos_and_pad(tokenizer)
-    engine = EmbeddedEngine(model, tokenizer=tokenizer, eos_token_ids=eos_ids, pad_id=pad_id, seed=seed)
+    return EmbeddedEngine(model, tokenizer=tokenizer, eos_token_ids=eos_ids, pad_id=pad_id, seed=seed), tokenizer
+
+
+def evaluate_directory(model_dir: Path, task: Any, config: EvalConfig, *, max_new_tokens: int, seed: int):
+    """Held-out metrics of the Hugging Face policy in `model_dir` on the task's eval set."""
+    engine, tokenizer = embedded_engine_from(model_dir, seed)
     return evaluate(engine, tokenizer, task, task.judge(), task.eval_examples(config.num_examples), config,
                     max_new_tokens=max_new_tokens, seed=seed)
 

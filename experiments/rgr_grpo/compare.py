@@ -18,36 +18,25 @@ evaluation (configs/rgr_grpo_cpu.yaml), one RL run per variant on task arithmeti
 
 Table: held-out accuracy (avg@4 and pass@4 at temperature 1), rubric score, and over the last fifth of training
 the off-policy mixture ratio (groups refined), how often a refinement beat its attempt, the solved-group
-fraction and the policy's entropy (Figures 4 and 6). A second table measures rubric-guided self-refinement at
-test time (section 5.2, Figure 8) on every final policy and the cold start: greedy accuracy on held-out
-problems before and after one refinement round on the criteria each response fails (`refine_at_test_time`).
-Writes out/table.md, out/results.json (the refinement keys included) and out/plots/ (`experiments.comparison`).
+fraction and the policy's entropy (Figures 4 and 6). Columns eval/refine/* measure rubric-guided
+self-refinement at test time (section 5.2, Figure 8) on every final policy and the cold start: greedy accuracy on
+held-out problems before and after one refinement round on the criteria each response fails
+(`refine_at_test_time`). Writes out/table.md, out/results.json and out/plots/ (`experiments.comparison`).
 """
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-import numpy as np
-
-from experiments.comparison import SMOKE_EVAL_EXAMPLES, Variant, comparison_parser, run_comparison
+from experiments.comparison import CONFIGS, Variant, comparison_parser, eval_samples, load_configs, run_comparison
 from rubric_jax.algorithms.rgr_grpo import refine_at_test_time
 from rubric_jax.data.tasks import build_task
-from rubric_jax.inference.embedded import EmbeddedEngine
-from rubric_jax.models.safetensors_io import load_hf_checkpoint
-from rubric_jax.models.tokenizer import load_tokenizer
-from rubric_jax.training import policy
+from rubric_jax.quickstart import embedded_engine_from
 from rubric_jax.training.config import load_config
-from rubric_jax.training.run_config import (
-    AlgorithmSpec, LearnerConfig, MetricsConfig, ModelInit, ModelSpec, RLConfig, SFTConfig)
+from rubric_jax.training.run_config import AlgorithmSpec, RLConfig
 
-CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 TITLE = "RGR-GRPO vs baselines and ablations (arithmetic, CPU)"
-REFINE_KEYS = ("refine/accuracy_before", "refine/accuracy_after", "refine/refined_fraction")
-# Room for the longest refinement prompt (arithmetic_rgr.REFINEMENT_PROMPT_TOKENS) and a 64-token answer.
-SMOKE_MODEL = ModelInit(hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16,
-                        max_position_embeddings=320)
+REFINE_KEYS = ("eval/refine/accuracy_before", "eval/refine/accuracy_after", "eval/refine/refined_fraction")
 
 
 def variants(base: RLConfig) -> list[Variant]:
@@ -68,71 +57,29 @@ def variants(base: RLConfig) -> list[Variant]:
     ]
 
 
-def smoke_configs(sft: SFTConfig, rl: RLConfig) -> tuple[SFTConfig, RLConfig]:
-    """A tiny model, batch and response length, so that --smoke runs in seconds (the harness cuts the steps)."""
-    sft = dataclasses.replace(sft, model=ModelSpec(init=SMOKE_MODEL), batch_size=4,
-                              metrics=MetricsConfig(console=False, plots=False))
-    rl = dataclasses.replace(rl, rollout=dataclasses.replace(rl.rollout, prompts_per_step=2, group_size=4,
-                                                             max_new_tokens=16),
-                             learner=LearnerConfig(), metrics=MetricsConfig(console=False, plots=False))
-    return sft, rl
-
-
-def test_time_refinement(model_dir: Path, task: Any, examples: Sequence[Any], *, max_new_tokens: int,
-                         seed: int) -> dict[str, float]:
-    """`refine_at_test_time` of the policy saved in `model_dir`, greedy, on `examples`."""
-    model, tokenizer = load_hf_checkpoint(model_dir), load_tokenizer(model_dir)
-    eos_ids, pad_id = policy.eos_and_pad(tokenizer)
-    engine = EmbeddedEngine(model, tokenizer=tokenizer, eos_token_ids=eos_ids, pad_id=pad_id, seed=seed)
-    return refine_at_test_time(engine, tokenizer, task, task.judge(), examples, max_new_tokens=max_new_tokens,
-                               seed=seed)
-
-
-def _cell(values: Sequence[float]) -> str:
-    return f"{values[0]:.3f}" if len(values) == 1 else f"{np.mean(values):.3f} ± {np.std(values):.3f}"
-
-
-def add_test_time_refinement(out: Path, results: dict, task: Any, examples: Sequence[Any], max_new_tokens: int,
-                             seeds: Sequence[int]) -> None:
-    """Measures test-time refinement of the cold start and of every variant's final policies on `examples`, adds
-    the REFINE_KEYS to `results` and to results.json's rows, and a table to table.md."""
-    saved = json.loads((out / "results.json").read_text())
-    for name, row in results.items():
-        directories = [out / "sft" / "model"] if name == "sft" else [out / name / f"seed{s}" / "model" for s in seeds]
-        measured = [test_time_refinement(d, task, examples, max_new_tokens=max_new_tokens, seed=seeds[0])
-                    for d in directories]
-        for key in REFINE_KEYS:
-            row[key] = saved[name][key] = [m[key] for m in measured]
-    (out / "results.json").write_text(json.dumps(saved, indent=2))
-    lines = ["| variant | " + " | ".join(REFINE_KEYS) + " |", "|" + "---|" * (len(REFINE_KEYS) + 1)]
-    lines += [f"| {name} | " + " | ".join(_cell(row[key]) for key in REFINE_KEYS) + " |"
-              for name, row in results.items()]
-    with (out / "table.md").open("a") as table:
-        table.write(f"\n## Rubric-guided self-refinement at test time (greedy, {len(examples)} held-out problems)"
-                    "\n\n" + "\n".join(lines) + "\n")
-    print("\n".join(lines), flush=True)
+def test_time_refinement(model_dir: Path, task: Any, config: RLConfig, seed: int) -> dict[str, float]:
+    """`refine_at_test_time` of the policy saved in `model_dir`, greedy, on the run's held-out problems, as
+    "eval/refine/..." metrics: the harness's extra_eval."""
+    engine, tokenizer = embedded_engine_from(model_dir, seed)
+    measured = refine_at_test_time(engine, tokenizer, task, task.judge(), task.eval_examples(config.eval.num_examples),
+                                   max_new_tokens=config.rollout.max_new_tokens, seed=seed)
+    return {f"eval/{key}": value for key, value in measured.items()}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> dict:
     args = comparison_parser(TITLE).parse_args(argv)
-    sft = load_config(SFTConfig, CONFIGS / "sft_arithmetic_rgr.yaml")
-    base = load_config(RLConfig, CONFIGS / "rgr_grpo_cpu.yaml")
-    if args.smoke:
-        sft, base = smoke_configs(sft, base)
+    # Room for the longest refinement prompt (arithmetic_rgr.REFINEMENT_PROMPT_TOKENS) and a 64-token answer.
+    sft, base = load_configs("sft_arithmetic_rgr.yaml", "rgr_grpo_cpu.yaml", args, smoke_max_positions=320)
     task = build_task(base.task.name, base.task.params, base.task.seed)
     sft_task = build_task(sft.task.name, sft.task.params, sft.task.seed)
-    k = 1 if args.smoke else base.eval.samples_per_example  # the harness evaluates one sample per problem in smoke
-    results = run_comparison(
+    k = eval_samples(args, base)
+    return run_comparison(
         args.out, args=args, task=task, sft=sft, sft_task=sft_task, variants=variants(base),
-        table_keys=["eval/accuracy", f"eval/pass@{k}", "eval/rubric_score", "rgr/off_policy_fraction",
+        table_keys=["eval/accuracy", f"eval/pass@{k}", "eval/rubric_score", *REFINE_KEYS, "rgr/off_policy_fraction",
                     "rgr/refined_better_fraction", "rgr/solved_group_fraction", "train/entropy"],
         curve_keys=["eval/accuracy", f"eval/pass@{k}", "reward/mean", "rgr/off_policy_fraction",
                     "rgr/solved_group_fraction", "train/entropy"],
-        title=TITLE)
-    count = SMOKE_EVAL_EXAMPLES if args.smoke else args.eval_examples or base.eval.num_examples
-    add_test_time_refinement(Path(args.out), results, task, task.eval_examples(count), base.rollout.max_new_tokens,
-                             args.seeds)
-    return results
+        title=TITLE, extra_eval=test_time_refinement)
 
 
 if __name__ == "__main__":

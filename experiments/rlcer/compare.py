@@ -31,10 +31,7 @@ from typing import Any, Optional, Sequence
 from experiments.comparison import CONFIGS, Variant, comparison_parser, eval_samples, load_configs, run_comparison
 from rubric_jax.algorithms.rlcer_eval import hint_evaluation
 from rubric_jax.data.tasks import build_task
-from rubric_jax.inference.embedded import EmbeddedEngine
-from rubric_jax.models.safetensors_io import load_hf_checkpoint
-from rubric_jax.models.tokenizer import load_tokenizer
-from rubric_jax.training import policy
+from rubric_jax.quickstart import embedded_engine_from
 from rubric_jax.training.config import load_config
 from rubric_jax.training.run_config import AlgorithmSpec, RLConfig
 
@@ -63,9 +60,7 @@ def hint_eval(model_dir: Path, task: Any, config: RLConfig, seed: int, *, rlcer_
     """`hint_evaluation` of the policy saved in `model_dir` on the run's held-out problems, with its lengths,
     eval temperature and samples, and the rubricator settings `rlcer_params` of the RLCER config (the same for
     every row, outcome-only GRPO's included): the harness's extra_eval."""
-    model, tokenizer = load_hf_checkpoint(model_dir), load_tokenizer(model_dir)
-    eos_ids, pad_id = policy.eos_and_pad(tokenizer)
-    engine = EmbeddedEngine(model, tokenizer=tokenizer, eos_token_ids=eos_ids, pad_id=pad_id, seed=seed)
+    engine, tokenizer = embedded_engine_from(model_dir, seed)
     return hint_evaluation(engine, tokenizer, task, task.eval_examples(config.eval.num_examples),
                            samples_per_example=config.eval.samples_per_example, temperature=config.eval.temperature,
                            max_new_tokens=config.rollout.max_new_tokens,
