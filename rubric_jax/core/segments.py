@@ -75,9 +75,14 @@ def pair_segment_ids(outer_ids: jax.Array, inner_ids: jax.Array, num_inner: int)
 
 
 def segment_count(segment_ids: jax.Array, mask: jax.Array, num_segments: int) -> jax.Array:
-    """Number of valid rows in each segment, shape [num_segments], int32."""
+    """Number of valid rows in each segment, shape [num_segments], int32.
+
+    Counted in float32 (exact below 2**24 rows): XLA's CPU backend (jax 0.10.2) miscompiles an int32
+    segment_sum into one segment under jit(vmap(...)) when the batch size equals the row count, e.g. RLCER's
+    8 questions x 8 rollouts, and returns 1 for every count (tests/core/test_segments.py)."""
     chex.assert_equal_shape([segment_ids, mask])
-    return jax.ops.segment_sum(mask.astype(jnp.int32), segment_ids, num_segments=num_segments)
+    count = jax.ops.segment_sum(mask.astype(jnp.float32), segment_ids, num_segments=num_segments)
+    return count.astype(jnp.int32)
 
 
 def segment_sum(values: jax.Array, segment_ids: jax.Array, mask: jax.Array, num_segments: int) -> jax.Array:

@@ -344,10 +344,10 @@ def numpy_question(v_kn, z_n, mask_k, points_k, judged_n, alpha=ALPHA):
     return valid, cot
 
 
-@given(st.integers(0, 2**31 - 1))
-def test_question_scores_match_numpy(seed):
+@given(st.integers(0, 2**31 - 1), st.sampled_from([(3, 6, 5), (8, 6, 8), (4, 3, 4)]))
+def test_question_scores_match_numpy(seed, shape):
     rng = np.random.default_rng(seed)
-    num_questions, num_slots, num_rollouts = 3, 6, 5
+    num_questions, num_slots, num_rollouts = shape  # (8, _, 8): the CPU config's 8 prompts x 8 rollouts
     v = rng.integers(0, 2, (num_questions, num_slots, num_rollouts)).astype(np.float32)
     z = rng.random((num_questions, num_rollouts)) < 0.5
     judged = rng.random((num_questions, num_rollouts)) < 0.8
@@ -357,9 +357,17 @@ def test_question_scores_match_numpy(seed):
     scores = question_scores(jnp.asarray(v), jnp.asarray(z), jnp.asarray(judged), jnp.asarray(mask),
                              jnp.asarray(points), alpha=ALPHA)
     for q in range(num_questions):
+        if at_the_threshold(v[q], z[q], judged[q]):
+            continue  # corr == alpha exactly (e.g. 0.2 with 8 rollouts): float32 and float64 may round apart
         valid, cot = numpy_question(v[q], z[q], mask[q], points[q], judged[q])
         np.testing.assert_array_equal(np.asarray(scores.valid_pk[q]), valid)
         np.testing.assert_allclose(np.asarray(scores.cot_pn[q]), cot, atol=1e-6)
+
+
+def at_the_threshold(v_kn, z_n, judged_n, alpha=ALPHA):
+    """Whether some rubric's correlation with z (float64) is within 1e-6 of alpha."""
+    v, z = v_kn[:, judged_n].astype(np.float64), z_n[judged_n].astype(np.float64)
+    return z.std() > 0 and any(row.std() > 0 and abs(np.corrcoef(row, z)[0, 1] - alpha) < 1e-6 for row in v)
 
 
 @given(st.integers(0, 2**31 - 1), st.sampled_from(["grpo", "batch"]), st.sampled_from(["grpo", "batch"]))

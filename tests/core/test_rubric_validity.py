@@ -111,6 +111,22 @@ def test_rlcer_functions_vmap_over_questions():
         np.testing.assert_array_equal(batched[q], reasoner_reward(z[q], v[q], points[q], validity(v[q], z[q], mask[q])))
 
 
+@pytest.mark.parametrize("questions, rollouts", [(8, 8), (5, 5), (3, 8)])
+def test_pearson_vmapped_under_jit_matches_numpy_when_questions_equal_rollouts(questions, rollouts):
+    """The shape of RLCER's default step (8 questions x 8 rollouts), where an XLA miscompile of the segment
+    count once made every correlation ~0.1 (see segments.segment_count)."""
+    rng = np.random.default_rng(questions)
+    z = rng.random((questions, rollouts)) < 0.6
+    v = np.stack([z, ~z, rng.random(z.shape) < 0.5], axis=1).astype(np.float32)
+    corr = jax.jit(jax.vmap(rv.masked_pearson))(v, z, np.ones_like(z))
+    for q in range(questions):
+        for k in range(3):
+            if z[q].std() > 0 and v[q, k].std() > 0:
+                np.testing.assert_allclose(corr.value[q, k], np.corrcoef(v[q, k], z[q])[0, 1], atol=1e-6)
+            else:
+                assert not corr.defined[q, k] and corr.value[q, k] == 0
+
+
 # ---------------------------------------------------------------- EvoRubric, hand-computed
 
 

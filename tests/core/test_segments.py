@@ -51,6 +51,23 @@ def test_segment_and_leave_one_out_stats_match_loops(seed, ddof):
         np.testing.assert_allclose(np.asarray(stats.deviation)[has], (values.astype(np.float64) - mean)[has], rtol=1e-5, atol=1e-9)
 
 
+@pytest.mark.parametrize("batch, rows", [(8, 8), (4, 4), (2, 2), (3, 8), (8, 3)])
+def test_stats_vmapped_under_jit_match_loops_when_the_batch_equals_the_rows(batch, rows):
+    """jit(vmap(...)) over questions, one segment per question: XLA's CPU backend (jax 0.10.2) returned count 1
+    for an int32 count when batch == rows (RLCER's 8 questions x 8 rollouts) until segment_count summed floats."""
+    rng = np.random.default_rng(batch * 100 + rows)
+    values = rng.integers(0, 2, (batch, rows)).astype(np.float32)
+    mask = rng.random((batch, rows)) < 0.8
+    ids = jnp.zeros(rows, jnp.int32)
+    stats = jax.jit(jax.vmap(lambda v, m: segments.segment_stats(v, ids, m, num_segments=1, ddof=0)))(values, mask)
+    for q in range(batch):
+        count, mean, std = loop_stats(values[q], np.zeros(rows, int), mask[q], 0, False)
+        np.testing.assert_array_equal(stats.count[q], count)
+        np.testing.assert_allclose(stats.std[q], std, rtol=1e-6, atol=1e-7)
+        if count[0]:
+            np.testing.assert_allclose(stats.mean[q], mean, rtol=1e-6)
+
+
 @given(st.lists(st.floats(-1e3, 1e3, width=32), min_size=2, max_size=NUM_ROWS), st.integers(0, 2**31 - 1))
 def test_ties_give_exactly_zero_spread(pool, seed):
     """Whatever the values, a segment (or a row's other members) that ties has std and deviation exactly 0."""
