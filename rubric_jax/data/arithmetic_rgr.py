@@ -341,11 +341,6 @@ class ArithmeticRGRSFTTask(ArithmeticRGRTask):
         return RefinementMixStream(RefinementMixConfig(self.config, self.refine_fraction), self.seed, position)
 
 
-def build_rl_task(params: Mapping[str, Any], seed: int) -> ArithmeticRGRTask:
-    """Task "arithmetic_rgr"; `params` are ArithmeticConfig's fields."""
-    return ArithmeticRGRTask(config_from_dict(arithmetic.ArithmeticConfig, dict(params), "task.params"), seed)
-
-
 def build_sft_task(params: Mapping[str, Any], seed: int) -> ArithmeticRGRSFTTask:
     """Task "arithmetic_rgr_sft"; `params` are RefinementMixConfig's fields."""
     config = config_from_dict(RefinementMixConfig, dict(params), "task.params")

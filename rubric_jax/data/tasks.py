@@ -90,7 +90,7 @@ TASKS: dict[str, Callable[[Mapping[str, Any], int], Any]] = {
     "arithmetic_srar": _arithmetic(arithmetic_srar.ArithmeticSrarTask),
     "arithmetic_rubrics": _rubric_world(RubricWorldTask),
     "arithmetic_rubrics_sft": _rubric_world(RubricWorldSFTTask),
-    "arithmetic_rgr": arithmetic_rgr.build_rl_task,
+    "arithmetic_rgr": _arithmetic(arithmetic_rgr.ArithmeticRGRTask),
     "arithmetic_rgr_sft": arithmetic_rgr.build_sft_task,
 }
 
