@@ -1,20 +1,17 @@
 """experiments/evorubric/compare.py in smoke mode: the cold start, every variant (EvoRubric, RaR on the static
 coarse rubric, the five ablations of Table 2) trained and evaluated, and a sane table, results.json and plots."""
 
-import json
 import math
 
 from experiments.evorubric.compare import ABLATIONS, EVORUBRIC_KEYS, main
+from tests.experiments import run_smoke
 
 VARIANTS = ["evorubric", "rar", *ABLATIONS]
 EVAL_KEYS = {"eval/accuracy", "eval/pass@1", "eval/rubric_score"}
 
 
 def test_smoke_comparison(tmp_path):
-    results = main(["--smoke", "--out", str(tmp_path)])
-    assert list(results) == ["sft", *VARIANTS]
-    saved = json.loads((tmp_path / "results.json").read_text())
-    assert saved.keys() == results.keys()
+    saved = run_smoke(main, tmp_path, VARIANTS)
     assert set(saved["sft"]) == EVAL_KEYS
     for name in VARIANTS:
         row = saved[name]

@@ -2,20 +2,17 @@
 ablations, outcome-only GRPO) trained and evaluated, test-time refinement of every final policy, and a sane
 table, results.json and plots."""
 
-import json
 import math
 
 from experiments.rgr_grpo.compare import REFINE_KEYS, main
+from tests.experiments import run_smoke
 
 VARIANTS = ["rgr_grpo", "rubric_grpo", "rgr_grpo_no_ea", "rgr_grpo_no_shaping", "rgr_grpo_fact_only", "grpo"]
 RGR_KEYS = ("rgr/off_policy_fraction", "rgr/refined_better_fraction", "rgr/solved_group_fraction")
 
 
 def test_smoke_comparison(tmp_path):
-    results = main(["--smoke", "--out", str(tmp_path)])
-    assert list(results) == ["sft", *VARIANTS]
-    saved = json.loads((tmp_path / "results.json").read_text())
-    assert saved.keys() == results.keys()
+    saved = run_smoke(main, tmp_path, VARIANTS)
     for name in VARIANTS:
         row = saved[name]
         assert set(row) == {"eval/accuracy", "eval/pass@1", "eval/rubric_score", *RGR_KEYS, "train/entropy",

@@ -2,10 +2,10 @@
 Only, w/o evolving, a frozen rubricator) trained and evaluated, the in-prompt hint evaluation of every final
 policy, and a sane table, results.json and plots."""
 
-import json
 import math
 
 from experiments.rlcer.compare import RLCER_KEYS, main
+from tests.experiments import run_smoke
 
 VARIANTS = ["rlcer", "grpo", "rlcer_rubric_only", "rlcer_wo_evolving", "rlcer_frozen_rubricator"]
 HINT_KEYS = {"eval/no_hint_accuracy", "eval/no_hint_pass@1", "eval/hint_accuracy", "eval/hint_pass@1",
@@ -13,10 +13,7 @@ HINT_KEYS = {"eval/no_hint_accuracy", "eval/no_hint_pass@1", "eval/hint_accuracy
 
 
 def test_smoke_comparison(tmp_path):
-    results = main(["--smoke", "--out", str(tmp_path)])
-    assert list(results) == ["sft", *VARIANTS]
-    saved = json.loads((tmp_path / "results.json").read_text())
-    assert saved.keys() == results.keys()
+    saved = run_smoke(main, tmp_path, VARIANTS)
     for name in VARIANTS:
         row = saved[name]
         assert set(row) == {"eval/accuracy", "eval/pass@1", *RLCER_KEYS, "outcome/accuracy", *HINT_KEYS}

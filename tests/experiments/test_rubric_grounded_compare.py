@@ -1,19 +1,16 @@
 """experiments/rubric_grounded/compare.py in smoke mode: the cold start, every variant (the recipe, its two
 ablations, RaR and outcome-only GRPO) trained and evaluated, and a sane table, results.json and plots."""
 
-import json
 import math
 
 from experiments.rubric_grounded.compare import main
+from tests.experiments import run_smoke
 
 VARIANTS = ["rubric_grounded", "rubric_grounded_group_mean", "rubric_grounded_no_std", "rar", "grpo"]
 
 
 def test_smoke_comparison(tmp_path):
-    results = main(["--smoke", "--out", str(tmp_path)])
-    assert list(results) == ["sft", *VARIANTS]
-    saved = json.loads((tmp_path / "results.json").read_text())
-    assert saved.keys() == results.keys()
+    saved = run_smoke(main, tmp_path, VARIANTS)
     for name in VARIANTS:
         row = saved[name]
         assert set(row) == {"eval/accuracy", "eval/pass@1", "eval/rubric_score", "reward/mean", "outcome/accuracy"}

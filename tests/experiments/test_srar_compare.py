@@ -4,15 +4,13 @@ outcome-only GRPO) trained and evaluated with the same seed, and a sane table, r
 import json
 
 from experiments.srar.compare import ANALYSIS_KEYS, main
+from tests.experiments import run_smoke
 
 VARIANTS = ["srar", "srar_no_step_norm", "srar_merged", "srar_suggest_only", "rar", "grpo"]
 
 
 def test_smoke_comparison(tmp_path):
-    results = main(["--smoke", "--out", str(tmp_path)])
-    assert list(results) == ["sft", *VARIANTS]
-    saved = json.loads((tmp_path / "results.json").read_text())
-    assert saved.keys() == results.keys()
+    saved = run_smoke(main, tmp_path, VARIANTS)
     for name in VARIANTS:
         row = saved[name]
         assert set(row) == {"eval/accuracy", "eval/pass@1", *ANALYSIS_KEYS}
