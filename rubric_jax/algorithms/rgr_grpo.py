@@ -19,7 +19,9 @@ For each step (G = sampling.n rollouts per prompt; Algorithm 1 of Appendix B):
   7. A_i = r_i - mean_g r: eq 1 without the std, which the paper drops   core.advantages.dr_grpo_advantages
      (section 3, after Dr.GRPO); scale_by_std restores eq 1               (grpo_advantages, sample std)
   8. mixed-policy loss (eq 10): on-policy tokens -r A, no clip; the      core.losses.rgr_mixed_policy_loss
-     refinement's tokens -f(p) A, f(p) = p / (p + gamma) (eq 11); no KL;
+     refinement's tokens -f(p) A, f(p) = p / (p + gamma) (eq 11), f(p)   core.losses.clip_off_policy_weight
+     optionally clipped to [off_min_clip, off_max_clip] (LUFFY's clips,  (off by default)
+     not in the paper); no KL;
      minus entropy_coeff * entropy (section 3: 0.01); summed over each   core.losses.subtract_entropy_bonus
      response's tokens and averaged over responses (eq 10's 1/G sum_i sum_t: seq_mean_token_sum)
 
@@ -75,7 +77,10 @@ class RGRGRPOConfig:
     their defaults when refine is off. gamma: the shaping constant (0.1). entropy_coeff: the entropy bonus (0.01).
     length_coef / target_length: lambda and L* of the length penalty in tokens (1e-4, 2000). scale_by_std / eps:
     GRPO's std scaling (off in the paper) and its epsilon. on_judge_failure: "zero_reward" or "exclude".
-    aggregation / norm_constant: the loss aggregation (`base.PolicyLossConfig`)."""
+    aggregation / norm_constant: the loss aggregation (`base.PolicyLossConfig`). off_max_clip / off_min_clip:
+    LUFFY's off-policy clips on the refinement tokens' shaped weight f(p) (`core.losses.clip_off_policy_weight`);
+    None (LUFFY's -1) turns a clip off, and both are off because the paper states neither; they act on shaped
+    refined rows, so they need refine and shaping on."""
 
     max_items: int = 16
     criteria: Criteria = "all"
@@ -93,6 +98,8 @@ class RGRGRPOConfig:
         "seq_mean_token_sum"
     )
     norm_constant: Optional[float] = None
+    off_max_clip: Optional[float] = None
+    off_min_clip: Optional[float] = None
 
     def __post_init__(self):
         if self.max_items < 1:
@@ -107,6 +114,16 @@ class RGRGRPOConfig:
         if not self.refine and not (self.exploration_assessment and self.shaping):
             raise ValueError("exploration_assessment and shaping act on refined rollouts: with refine false they "
                              "must stay true")
+        clips = {name: getattr(self, name) for name in ("off_max_clip", "off_min_clip")
+                 if getattr(self, name) is not None}
+        for name, bound in clips.items():
+            if not bound >= 0:
+                raise ValueError(f"{name} must be >= 0 or null, got {bound!r}")
+        if len(clips) == 2 and self.off_min_clip > self.off_max_clip:
+            raise ValueError(f"off_min_clip {self.off_min_clip} must not exceed off_max_clip {self.off_max_clip}")
+        if clips and not (self.refine and self.shaping):
+            raise ValueError("off_max_clip / off_min_clip clip the shaped weight of refined rollouts: they need "
+                             "refine and shaping true")
         self.policy_loss  # noqa: B018  (building it validates aggregation and norm_constant)
 
     @property
@@ -169,19 +186,27 @@ class RGRGRPO(base.Algorithm):
     def loss_fn(self) -> train_step.TokenLossFn:
         """Eq 10 per token with the entropy bonus. Token metrics (means over all response tokens):
         "off_policy_tokens" (the refined rows' share), "on_policy_ratio" (r on on-policy tokens, 0 elsewhere) and
-        "shaped_prob" (f(p) on shaped tokens, 0 elsewhere): divide the last two by their rows' share of the tokens
-        for their means over those tokens."""
-        gamma, coeff, shaping = self.config.gamma, self.config.entropy_coeff, self.config.shaping
+        "shaped_prob" (f(p) on shaped tokens after the off-policy clips, 0 elsewhere): divide the last two by their
+        rows' share of the tokens for their means over those tokens; with an off-policy clip set, also
+        "off_clipped_high" / "off_clipped_low" (tokens at that bound; divide likewise by "off_policy_tokens" for
+        LUFFY's off_ratio_max_clip_frac / off_ratio_min_clip_frac)."""
+        config = self.config
+        gamma, coeff, shaping = config.gamma, config.entropy_coeff, config.shaping
 
         def loss_fn(logp_bt, entropy_bt, batch):
             mask_bt = batch["response_mask_bt"]
             off_policy_b = batch["off_policy_b"]
             loss_bt, info = losses.rgr_mixed_policy_loss(
                 logp_bt, batch["old_logp_bt"], batch["advantages_bt"], mask_bt,
-                off_policy_b if shaping else jnp.zeros_like(off_policy_b), gamma=gamma)
+                off_policy_b if shaping else jnp.zeros_like(off_policy_b), gamma=gamma,
+                off_max_clip=config.off_max_clip, off_min_clip=config.off_min_clip)
             loss_bt = losses.subtract_entropy_bonus(loss_bt, entropy_bt, mask_bt, coeff=coeff)
             metrics = {"off_policy_tokens": mask_bt & off_policy_b[:, None], "on_policy_ratio": info.ratio_bt,
                        "shaped_prob": info.shaped_prob_bt}
+            if config.off_max_clip is not None:
+                metrics["off_clipped_high"] = info.off_clipped_high_bt
+            if config.off_min_clip is not None:
+                metrics["off_clipped_low"] = info.off_clipped_low_bt
             return loss_bt, metrics
 
         return loss_fn

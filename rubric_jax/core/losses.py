@@ -16,7 +16,7 @@ Shared conventions:
   (masked mean of `clipped_bt`) without recomputing ratios.
 """
 
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import chex
 import jax
@@ -40,12 +40,25 @@ class DualClipInfo(NamedTuple):
     dual_clipped_bt: jax.Array
 
 
+class OffPolicyWeight(NamedTuple):
+    """The weight an off-policy token's loss -w A uses, after LUFFY's clips, and which clip bound it met;
+    0 / False on masked tokens. LUFFY logs the masked means of the flags (off_ratio_max_clip_frac,
+    off_ratio_min_clip_frac)."""
+
+    weight_bt: jax.Array
+    clipped_high_bt: jax.Array  # bool: weight >= max_clip
+    clipped_low_bt: jax.Array  # bool: weight <= min_clip
+
+
 class MixedPolicyInfo(NamedTuple):
     """Diagnostics of the RGR-GRPO mixed-policy loss: on-policy tokens' ratio r (0 on off-policy tokens) and
-    off-policy tokens' shaped probability f(p) (0 on on-policy tokens); the paper's Figure 4 tracks both."""
+    off-policy tokens' shaped probability f(p) after the optional clips (0 on on-policy tokens); the paper's
+    Figure 4 tracks both. The clip flags are `OffPolicyWeight`'s (all False when no clip is set)."""
 
     ratio_bt: jax.Array
     shaped_prob_bt: jax.Array
+    off_clipped_high_bt: jax.Array
+    off_clipped_low_bt: jax.Array
 
 
 def _check_tokens(*arrays_bt: jax.Array) -> None:
@@ -247,17 +260,53 @@ def off_policy_shaping(logp_bt: jax.Array, *, gamma: float = 0.1) -> jax.Array:
     return jax.nn.sigmoid(as_stats_dtype(logp_bt) - jnp.log(gamma))
 
 
+def clip_off_policy_weight(
+    weight_bt: jax.Array, mask_bt: jax.Array, *, max_clip: Optional[float] = None, min_clip: Optional[float] = None
+) -> OffPolicyWeight:
+    """LUFFY's off-policy clips (Yan et al. 2025, code: luffy/verl/verl/mix_src/mix_core_alg.py,
+    compute_token_on_off_policy_loss, options off_policy_max_clip / off_policy_min_clip; -1 there = None here).
+
+    LUFFY clamps the off-policy token's weight w, whatever it is: with shaping ("p_div_p_0.1") w = f(p), without
+    it ("no_reshape") w = p itself, never a ratio to a behaviour policy. It clamps at max_clip, then at
+    min_clip; with min_clip <= max_clip (required here) that is clip(w, min_clip, max_clip). As torch.clamp, a
+    token passes its gradient where min_clip <= w <= max_clip (bounds included) and none where a bound is
+    active. The flags follow LUFFY's counts `off_ratio == bound` after the clamps: w >= max_clip, w <= min_clip.
+    Both clips are off (None) in LUFFY's released run script and RGR-GRPO mentions none.
+    Bounds are static Python numbers; weight_bt [B, T] float, masked tokens give weight 0 and no flags.
+    """
+    if max_clip is not None and min_clip is not None and min_clip > max_clip:
+        raise ValueError(f"min_clip {min_clip} must not exceed max_clip {max_clip}")
+    _check_tokens(weight_bt, mask_bt)
+    mask_bt = mask_bt.astype(bool)
+    weight_bt = _masked(mask_bt, weight_bt)
+    clipped_high_bt = mask_bt & (weight_bt >= max_clip) if max_clip is not None else jnp.zeros_like(mask_bt)
+    clipped_low_bt = mask_bt & (weight_bt <= min_clip) if min_clip is not None else jnp.zeros_like(mask_bt)
+    # where(), not jnp.clip: at w == bound jnp.clip's min/max split the gradient in halves, torch.clamp passes it
+    if max_clip is not None:
+        weight_bt = jnp.where(weight_bt > max_clip, max_clip, weight_bt)
+    if min_clip is not None:
+        weight_bt = jnp.where(weight_bt < min_clip, min_clip, weight_bt)
+    return OffPolicyWeight(jnp.where(mask_bt, weight_bt, 0), clipped_high_bt, clipped_low_bt)
+
+
 def shaped_off_policy_loss(
-    logp_bt: jax.Array, advantages_bt: jax.Array, mask_bt: jax.Array, *, gamma: float = 0.1
-) -> tuple[jax.Array, jax.Array]:
-    """LUFFY / RGR-GRPO off-policy term: loss = -f(p) A with f = `off_policy_shaping`, no ratio to a behaviour
-    policy and no clipping (LUFFY's default off_max_clip = None). The gradient flows through p.
-    Returns (loss_bt, shaped_prob_bt), both 0 on masked tokens.
+    logp_bt: jax.Array,
+    advantages_bt: jax.Array,
+    mask_bt: jax.Array,
+    *,
+    gamma: float = 0.1,
+    max_clip: Optional[float] = None,
+    min_clip: Optional[float] = None,
+) -> tuple[jax.Array, OffPolicyWeight]:
+    """LUFFY / RGR-GRPO off-policy term: loss = -w A with w = `off_policy_shaping` f(p), no ratio to a behaviour
+    policy, and `clip_off_policy_weight`'s optional clips on w (None: none, LUFFY's and RGR-GRPO's default).
+    The gradient flows through p. Returns (loss_bt, OffPolicyWeight), 0 on masked tokens.
     """
     _check_tokens(logp_bt, advantages_bt, mask_bt)
     mask_bt = mask_bt.astype(bool)
-    shaped_bt = jnp.where(mask_bt, off_policy_shaping(_masked(mask_bt, logp_bt), gamma=gamma), 0)
-    return jnp.where(mask_bt, -shaped_bt * _masked(mask_bt, advantages_bt), 0), shaped_bt
+    off = clip_off_policy_weight(off_policy_shaping(_masked(mask_bt, logp_bt), gamma=gamma), mask_bt,
+                                 max_clip=max_clip, min_clip=min_clip)
+    return jnp.where(mask_bt, -off.weight_bt * _masked(mask_bt, advantages_bt), 0), off
 
 
 def rgr_mixed_policy_loss(
@@ -269,16 +318,20 @@ def rgr_mixed_policy_loss(
     *,
     gamma: float = 0.1,
     log_ratio_clamp: float = 20.0,
+    off_max_clip: Optional[float] = None,
+    off_min_clip: Optional[float] = None,
 ) -> tuple[jax.Array, MixedPolicyInfo]:
     """RGR-GRPO mixed-policy objective (eqs 10 and 12), per token, as LUFFY applies it.
 
     Rows with off_policy_b [B] False were sampled from pi_old for this prompt: loss = -r A
     (`no_clip_pg_loss`). Rows marked True are the rubric-guided refinement o_G, sampled from pi_old under a
     different context (q, o_best, failed criteria): loss = -f(p) A (`shaped_off_policy_loss`), p the current
-    policy's probability of the token under the training prompt. Their `old_logp_bt` is not used (it is not
-    the behaviour policy's probability), so any value there is harmless. Eq 10 sums each response's tokens
-    and divides by the group size G (the paper drops token-level normalisation, after Dr.GRPO): that is
-    seq-mean-token-sum, or seq-mean-token-sum-norm up to its constant. Returns (loss_bt, MixedPolicyInfo).
+    policy's probability of the token under the training prompt, f(p) optionally clipped to
+    [off_min_clip, off_max_clip] (LUFFY's off-policy clips, `clip_off_policy_weight`; off by default). Their
+    `old_logp_bt` is not used (it is not the behaviour policy's probability), so any value there is harmless.
+    Eq 10 sums each response's tokens and divides by the group size G (the paper drops token-level
+    normalisation, after Dr.GRPO): that is seq-mean-token-sum, or seq-mean-token-sum-norm up to its constant.
+    Returns (loss_bt, MixedPolicyInfo).
     """
     chex.assert_rank(off_policy_b, 1)
     chex.assert_equal_shape_prefix([logp_bt, off_policy_b], 1)
@@ -287,8 +340,10 @@ def rgr_mixed_policy_loss(
     on_loss_bt, on_info = no_clip_pg_loss(
         logp_bt, old_logp_bt, advantages_bt, mask_bt & ~off_bt, log_ratio_clamp=log_ratio_clamp
     )
-    off_loss_bt, shaped_bt = shaped_off_policy_loss(logp_bt, advantages_bt, mask_bt & off_bt, gamma=gamma)
-    return on_loss_bt + off_loss_bt, MixedPolicyInfo(on_info.ratio_bt, shaped_bt)
+    off_loss_bt, off = shaped_off_policy_loss(logp_bt, advantages_bt, mask_bt & off_bt, gamma=gamma,
+                                              max_clip=off_max_clip, min_clip=off_min_clip)
+    return on_loss_bt + off_loss_bt, MixedPolicyInfo(on_info.ratio_bt, off.weight_bt, off.clipped_high_bt,
+                                                     off.clipped_low_bt)
 
 
 def _mismatch_log_weights(

@@ -329,6 +329,24 @@ def test_the_loss_is_eq_10_with_the_entropy_bonus(shaping):
     assert not algorithm.needs_reference
 
 
+def test_the_off_policy_clips_bound_the_refinement_tokens_only():
+    # Rows: on-policy r = e^0.5 = 1.6487, A = 1 (no clip whatever the bounds); off-policy, A = 2, p = 0.02 / 0.1 /
+    # 1: f(p) = 0.02 / 0.12 = 0.1667, 0.5, 1 / 1.1 = 0.9091, clipped to [0.2, 0.6]: 0.2, 0.5, 0.6.
+    logp = np.array([[-0.5] * 3, np.log([0.02, 0.1, 1.0])])
+    old = np.array([[-1.0] * 3, [np.nan] * 3])
+    batch = {"response_mask_bt": jnp.ones((2, 3), bool), "off_policy_b": jnp.asarray([False, True]),
+             "old_logp_bt": jnp.asarray(old), "advantages_bt": jnp.asarray([[1.0] * 3, [2.0] * 3])}
+    algorithm = RGRGRPO(RGRGRPOConfig(entropy_coeff=0.0, off_max_clip=0.6, off_min_clip=0.2))
+    loss, metrics = algorithm.loss_fn()(jnp.asarray(logp), jnp.zeros((2, 3)), batch)
+    r = math.exp(0.5)
+    np.testing.assert_allclose(loss, [[-r, -r, -r], [-0.4, -1.0, -1.2]], rtol=1e-5)
+    np.testing.assert_allclose(metrics["shaped_prob"], [[0, 0, 0], [0.2, 0.5, 0.6]], rtol=1e-5)
+    np.testing.assert_array_equal(metrics["off_clipped_high"], [[False] * 3, [False, False, True]])
+    np.testing.assert_array_equal(metrics["off_clipped_low"], [[False] * 3, [True, False, False]])
+    _, unclipped = RGRGRPO(RGRGRPOConfig()).loss_fn()(jnp.asarray(logp), jnp.zeros((2, 3)), batch)
+    assert "off_clipped_high" not in unclipped and "off_clipped_low" not in unclipped
+
+
 # ---------------------------------------------------------------- judge failures, empty rubrics
 
 
@@ -372,7 +390,10 @@ def test_config_validation_and_registration():
     for bad, match in [(dict(gamma=0.0), "gamma"), (dict(max_items=0), "max_items"),
                        (dict(length_coef=-1.0), "length_coef"), (dict(refine=False, shaping=False), "refine"),
                        (dict(refine=False, exploration_assessment=False), "refine"),
-                       (dict(aggregation="seq_mean_token_sum_norm"), "norm_constant")]:
+                       (dict(aggregation="seq_mean_token_sum_norm"), "norm_constant"),
+                       (dict(off_max_clip=-0.5), "off_max_clip"), (dict(off_min_clip=0.5, off_max_clip=0.4), "exceed"),
+                       (dict(shaping=False, off_max_clip=0.5), "shaping"),
+                       (dict(refine=False, off_min_clip=0.1), "refine")]:
         with pytest.raises(ValueError, match=match):
             RGRGRPOConfig(**bad)
     context = dataclasses.replace(scripted_context(arithmetic.build_tokenizer()),

@@ -294,3 +294,44 @@ def aggregate(loss, mask, mode: str, norm_constant: float = 1.0) -> tuple[float,
         "seq-mean-token-sum-norm": sequences * norm_constant,
     }[mode]
     return loss_sum, float(denominator)
+
+
+# ---------------------------------------------------------------- LUFFY's off-policy clips
+
+
+def clip_off_policy_weight(weight, mask, max_clip, min_clip) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """LUFFY (mix_core_alg.py): off_ratio = clamp(off_ratio, max=max_clip), then clamp(off_ratio, min=min_clip);
+    clip fractions count off_ratio == bound after the clamps. Returns (weight, clipped_high, clipped_low,
+    d weight / d input: 1 where min_clip <= w <= max_clip, as torch.clamp's backward, else 0)."""
+    out, high, low, passes = (np.zeros(weight.shape), np.zeros(weight.shape, bool), np.zeros(weight.shape, bool),
+                              np.zeros(weight.shape))
+    for b in range(weight.shape[0]):
+        for t in range(weight.shape[1]):
+            if mask[b, t]:
+                w = float(weight[b, t])
+                passes[b, t] = float((max_clip is None or w <= max_clip) and (min_clip is None or w >= min_clip))
+                if max_clip is not None:
+                    w = min(w, max_clip)
+                    high[b, t] = w == max_clip
+                if min_clip is not None:
+                    w = max(w, min_clip)
+                    low[b, t] = w == min_clip
+                out[b, t] = w
+    return out, high, low, passes
+
+
+def mixed_policy_off_clips(logp, old_logp, advantages, mask, off_policy, gamma, max_clip, min_clip):
+    """`mixed_policy` with LUFFY's clips on the off-policy tokens' f(p): loss -clip(f(p)) A, derivative
+    -A f'(p) where the clamp passes the gradient, 0 where a bound is active. Returns (RefLoss with on-policy
+    ratios, clipped f(p) of the off-policy tokens, clipped_high, clipped_low)."""
+    off_mask = mask & off_policy[:, None]
+    on = no_clip(logp, old_logp, advantages, mask & ~off_policy[:, None])
+    shaped = shaped_off_policy(logp, np.ones(logp.shape), off_mask, gamma)  # ratio: f(p); grad: -f'(p)
+    weight, high, low, passes = clip_off_policy_weight(shaped.ratio, off_mask, max_clip, min_clip)
+    off_loss, off_grad = np.zeros(logp.shape), np.zeros(logp.shape)
+    for b in range(logp.shape[0]):
+        for t in range(logp.shape[1]):
+            if off_mask[b, t]:
+                off_loss[b, t] = -weight[b, t] * float(advantages[b, t])
+                off_grad[b, t] = float(advantages[b, t]) * shaped.grad[b, t] * passes[b, t]
+    return RefLoss(on.loss + off_loss, on.ratio, on.clipped, on.grad + off_grad), weight, high, low

@@ -174,9 +174,10 @@ def test_off_policy_shaping_rejects_non_positive_gamma(gamma):
 
 def test_shaped_off_policy_loss_is_jitted_and_masks():
     loss_fn = jax.jit(losses.shaped_off_policy_loss, static_argnames="gamma")
-    loss, shaped = loss_fn(tokens(math.log(0.1), jnp.nan), tokens(2.0, 5.0), jnp.asarray([[True, False]]), gamma=0.1)
+    loss, off = loss_fn(tokens(math.log(0.1), jnp.nan), tokens(2.0, 5.0), jnp.asarray([[True, False]]), gamma=0.1)
     np.testing.assert_allclose(loss, [[-1.0, 0.0]], rtol=1e-6)
-    np.testing.assert_allclose(shaped, [[0.5, 0.0]], rtol=1e-6)
+    np.testing.assert_allclose(off.weight_bt, [[0.5, 0.0]], rtol=1e-6)
+    assert not bool(off.clipped_high_bt.any() | off.clipped_low_bt.any())
 
 
 def test_rgr_mixed_policy_hand_computed():
@@ -426,3 +427,122 @@ def test_entropy_bonus_equals_subtracting_the_aggregated_entropy():
     for aggregate in (agg.token_mean, agg.seq_mean_token_mean, agg.seq_mean_token_sum):
         mean = lambda values: agg.finalize(*aggregate(values, x.mask))
         np.testing.assert_allclose(mean(with_bonus), mean(x.advantages) - 0.01 * mean(x.entropy), rtol=1e-5, atol=1e-6)
+
+
+# ---------------------------------------------------------------- LUFFY's off-policy clips
+
+
+def test_clip_off_policy_weight_hand_computed_value_flags_and_gradient():
+    # LUFFY clamps w at max 0.5, then at min 0.2: [0.05, 0.2, 0.3, 0.5, 0.8] -> [0.2, 0.2, 0.3, 0.5, 0.5];
+    # torch.clamp passes the gradient on [0.2, 0.5] bounds included; its counts `w == bound` flag both ends.
+    weight = jnp.asarray([[0.05, 0.2, 0.3, 0.5, 0.8]])
+    mask = jnp.ones((1, 5), bool)
+    clip = functools.partial(losses.clip_off_policy_weight, max_clip=0.5, min_clip=0.2)
+    out = jax.jit(clip)(weight, mask)
+    np.testing.assert_allclose(out.weight_bt, [[0.2, 0.2, 0.3, 0.5, 0.5]], rtol=1e-6)
+    np.testing.assert_array_equal(out.clipped_high_bt, [[False, False, False, True, True]])
+    np.testing.assert_array_equal(out.clipped_low_bt, [[True, True, False, False, False]])
+    grad = jax.jit(jax.grad(lambda w: jnp.sum(clip(w, mask).weight_bt)))(weight)
+    np.testing.assert_array_equal(grad, [[0.0, 1.0, 1.0, 1.0, 0.0]])
+
+
+def test_clip_off_policy_weight_clips_p_without_shaping_and_masks():
+    # LUFFY's "no_reshape": w = p itself. p = [0.9, 0.3, NaN (masked)], max_clip 0.6 only -> [0.6, 0.3, 0].
+    logp = jnp.log(jnp.asarray([[0.9, 0.3, jnp.nan]]))
+    mask = jnp.asarray([[True, True, False]])
+    out = losses.clip_off_policy_weight(jnp.exp(jnp.where(mask, logp, 0)), mask, max_clip=0.6)
+    np.testing.assert_allclose(out.weight_bt, [[0.6, 0.3, 0.0]], rtol=1e-6)
+    np.testing.assert_array_equal(out.clipped_high_bt, [[True, False, False]])
+    assert not bool(out.clipped_low_bt.any())
+
+
+def test_clip_off_policy_weight_without_bounds_is_the_identity():
+    weight = jnp.asarray([[0.01, 0.7]])
+    out = losses.clip_off_policy_weight(weight, jnp.ones((1, 2), bool))
+    np.testing.assert_array_equal(out.weight_bt, weight)
+    assert not bool(out.clipped_high_bt.any() | out.clipped_low_bt.any())
+
+
+def test_clip_off_policy_weight_rejects_min_above_max():
+    with pytest.raises(ValueError, match="must not exceed"):
+        losses.clip_off_policy_weight(tokens(0.5, 0.5), ALL, max_clip=0.3, min_clip=0.4)
+
+
+def test_rgr_mixed_policy_with_off_policy_clips_hand_computed():
+    # row 0 on-policy r = 1.2, A = 1: -1.2, never clipped by the off-policy clips. Row 1 off-policy, A = 2:
+    # p = 0.1 -> f = 0.5 inside [0.1, 0.6]: -1.0, gradient -A f'(p) = -2 * 0.25 = -0.5;
+    # p = 1 -> f = 1 / 1.1 = 0.909 above 0.6: clipped to 0.6, loss -1.2, no gradient.
+    logp = jnp.asarray([[math.log(1.2) - 1.0, -1.0], [math.log(0.1), 0.0]])
+    old = jnp.asarray([[-1.0, -1.0], [jnp.nan, jnp.nan]])
+    advantages = jnp.asarray([[1.0, 1.0], [2.0, 2.0]])
+    mask = jnp.asarray([[True, False], [True, True]])
+    clipped = with_token_grad(functools.partial(losses.rgr_mixed_policy_loss, gamma=0.1, off_max_clip=0.6,
+                                                off_min_clip=0.1))
+    loss, info, grad = clipped(logp, old, advantages, mask, jnp.asarray([False, True]))
+    np.testing.assert_allclose(loss, [[-1.2, 0.0], [-1.0, -1.2]], rtol=1e-6)
+    np.testing.assert_allclose(info.shaped_prob_bt, [[0.0, 0.0], [0.5, 0.6]], rtol=1e-6)
+    np.testing.assert_array_equal(info.off_clipped_high_bt, [[False, False], [False, True]])
+    assert not bool(info.off_clipped_low_bt.any())
+    np.testing.assert_allclose(grad, [[-1.2, 0.0], [-0.5, 0.0]], rtol=1e-6)
+
+
+@DTYPES
+@pytest.mark.parametrize("max_clip, min_clip", [(0.6, 0.2), (0.6, None), (None, 0.2)])
+def test_rgr_mixed_policy_with_off_policy_clips_matches_reference(dtype, max_clip, min_clip):
+    clipped = with_token_grad(functools.partial(losses.rgr_mixed_policy_loss, gamma=0.1, off_max_clip=max_clip,
+                                                off_min_clip=min_clip))
+    bitten = 0
+    for seed in SEEDS:
+        x, r = draw(seed, dtype)
+        old = np.where(x.off_policy[:, None], np.nan, x.old_logp).astype(dtype)
+        loss, info, grad = clipped(x.logp, old, x.advantages, x.mask, x.off_policy)
+        expected, weight, high, low = ref.mixed_policy_off_clips(r.logp, r.old_logp, r.advantages, r.mask,
+                                                                 r.off_policy, 0.1, max_clip, min_clip)
+        assert_values(loss, expected.loss)
+        assert_values(info.ratio_bt, expected.ratio)
+        assert_values(info.shaped_prob_bt, weight)
+        np.testing.assert_array_equal(info.off_clipped_high_bt, high)
+        np.testing.assert_array_equal(info.off_clipped_low_bt, low)
+        assert_grads(grad, expected.grad, dtype)
+        bitten += int(high.sum() + low.sum())
+    assert bitten > 10  # the random batches do reach the clips
+
+
+@given(
+    weight_bt=arrays(np.float32, (2, 4), elements=st.floats(0, 1, width=32)),
+    mask_bt=arrays(np.bool_, (2, 4)),
+    bounds=st.tuples(st.floats(0, 1, width=32), st.floats(0, 1, width=32)).map(sorted),
+)
+def test_clip_off_policy_weight_properties(weight_bt, mask_bt, bounds):
+    """Clipped weights lie in [min_clip, max_clip] on valid tokens and are 0 elsewhere; a weight inside the band
+    is unchanged and passes its gradient; a flagged token sits on its bound; clipping twice changes nothing."""
+    min_clip, max_clip = bounds
+    clip = functools.partial(losses.clip_off_policy_weight, max_clip=max_clip, min_clip=min_clip)
+    out = clip(weight_bt, mask_bt)
+    w = np.asarray(out.weight_bt)
+    assert np.all(w[~mask_bt] == 0)
+    assert np.all((w[mask_bt] >= min_clip) & (w[mask_bt] <= max_clip))
+    inside = mask_bt & (weight_bt >= min_clip) & (weight_bt <= max_clip)
+    np.testing.assert_array_equal(w[inside], weight_bt[inside])
+    np.testing.assert_array_equal(w[np.asarray(out.clipped_high_bt)], np.float32(max_clip))
+    np.testing.assert_array_equal(w[np.asarray(out.clipped_low_bt)], np.float32(min_clip))
+    np.testing.assert_array_equal(np.asarray(clip(out.weight_bt, mask_bt).weight_bt), w)
+    grad = np.asarray(jax.grad(lambda x: jnp.sum(clip(x, mask_bt).weight_bt))(jnp.asarray(weight_bt)))
+    np.testing.assert_array_equal(grad, inside.astype(np.float32))
+
+
+@given(
+    logp_bt=arrays(np.float32, (2, 3), elements=st.floats(-30, 0, width=32)),
+    advantages_bt=arrays(np.float32, (2, 3), elements=st.floats(-5, 5, width=32)),
+    max_clip=st.floats(0.0625, 1, width=32),
+)
+def test_off_policy_max_clip_bounds_the_shaped_loss(logp_bt, advantages_bt, max_clip):
+    """A max clip on f(p) bounds each off-policy token's loss by max_clip |A| and moves it toward 0 compared
+    with the unclipped term (LUFFY's clip only shrinks |w A|)."""
+    mask = jnp.ones((2, 3), bool)
+    unclipped, _ = losses.shaped_off_policy_loss(logp_bt, advantages_bt, mask, gamma=0.1)
+    clipped, _ = losses.shaped_off_policy_loss(logp_bt, advantages_bt, mask, gamma=0.1, max_clip=float(max_clip))
+    clipped, unclipped = np.asarray(clipped), np.asarray(unclipped)
+    assert np.all(np.abs(clipped) <= max_clip * np.abs(advantages_bt) * (1 + 1e-6))
+    assert np.all(np.abs(clipped) <= np.abs(unclipped) * (1 + 1e-6))
+    assert np.all(np.sign(clipped) * np.sign(unclipped) >= 0)
