@@ -4,7 +4,8 @@ DAPO's zero-variance group filter, RGR-GRPO's exploration assessment.
 Arrays (vmap over questions is the caller's job; every function here handles one question or one batch):
 - RLCER, one question: K proposed rubrics (those of all N rubricator rollouts, flattened) judged on N reasoner
   rollouts: satisfaction `v_kn` [K, N], answer correctness `z_n` [N], rubric points `points_k` [K],
-  `rubric_mask_k` (the rubric exists), `rollout_mask_n` (the rollout counts; None: all).
+  `rubric_mask_k` (the rubric exists), `rollout_mask_n` (the rollout counts; None: all), or per verdict
+  `known_kn` [K, N] (the verifier's verdict of rubric k on rollout n is known: its call did not fail).
 - EvoRubric, one question: M generator rollouts, each proposing up to K criteria, graded on N reasoner responses:
   score matrix `scores_mkn` [M, K, N] with s(o_n, r) = the criterion's points when met, 0 otherwise (partial
   credit scales the points); `proposed_mk` (the criterion was generated), `verified_mk` (it passed the
@@ -50,14 +51,20 @@ class Correlation(NamedTuple):
 def masked_pearson(x_kn: jax.Array, y_kn: jax.Array, mask_n: Optional[jax.Array] = None) -> Correlation:
     """Pearson correlation of each row of x with the matching row of y over the valid columns.
 
-    x [..., N]; y [..., N] or [N] (one vector correlated with every row of x, RLCER's z). Population and sample
-    conventions give the same coefficient. value is in [-1, 1] (clipped against rounding past Cauchy-Schwarz).
+    x [..., N]; y [..., N] or [N] (one vector correlated with every row of x, RLCER's z); mask [N] (the same
+    columns for every row) or x's shape (columns per row: each row's pair is correlated over its own columns).
+    Population and sample conventions give the same coefficient. value is in [-1, 1] (clipped against rounding
+    past Cauchy-Schwarz).
     Degenerate: a row that is constant over the valid columns (including fewer than 2 valid columns) has no
     correlation: defined False, value 0.
     """
     chex.assert_rank(y_kn, {1, x_kn.ndim})
     chex.assert_equal_shape_suffix([x_kn, y_kn], 1)
-    valid = rows_mask(mask_n, x_kn.shape[-1])
+    if mask_n is not None and jnp.ndim(mask_n) > 1:
+        chex.assert_equal_shape([x_kn, mask_n])
+        valid, y_kn = jnp.asarray(mask_n).astype(bool), jnp.broadcast_to(y_kn, x_kn.shape)
+    else:
+        valid = rows_mask(mask_n, x_kn.shape[-1])
     dx, sxx = _row_deviations(x_kn, valid)
     dy, syy = _row_deviations(y_kn, valid)
     defined = (sxx > 0) & (syy > 0)
@@ -79,10 +86,11 @@ def rlcer_rubric_validity(
 ) -> jax.Array:
     """RLCER rubric validity (rlcer.txt, section 4.3, eq 7): valid iff corr(v_k, z) > alpha and std(v_k) > 0, [K].
 
-    Pearson correlation over the valid rollouts; alpha = 0.2 in the paper. As eq 7 is written, the correlation is
-    of the satisfaction indicator whatever the sign of the rubric's points, so a penalty rubric (negative points)
-    is valid when its flaw co-occurs with correct answers; to validate penalty rubrics by the absence of their
-    flaw instead, pass 1 - v_k for them.
+    Pearson correlation over the valid rollouts: `rollout_mask_n` [N], or [K, N] per verdict (rubric k is
+    correlated over the rollouts whose verdict of k is known); alpha = 0.2 in the paper. As eq 7 is written, the
+    correlation is of the satisfaction indicator whatever the sign of the rubric's points, so a penalty rubric
+    (negative points) is valid when its flaw co-occurs with correct answers; `rlcer_sign_aware_validity` reads
+    penalty rubrics by the absence of their flaw.
     Degenerate: when z has zero variance (every valid rollout right, or every one wrong) the correlation is
     undefined and *no* rubric is valid, for any alpha: nothing separates right from wrong answers to validate a
     rubric against. A rubric with std(v_k) = 0 is invalid (condition ii). Masked rubrics are invalid.
@@ -91,6 +99,40 @@ def rlcer_rubric_validity(
     chex.assert_equal_shape_prefix([v_kn, rubric_mask_k], 1)
     corr = masked_pearson(v_kn, z_n, rollout_mask_n)
     return jnp.asarray(rubric_mask_k).astype(bool) & corr.defined & (corr.value > alpha)
+
+
+def rlcer_merit_indicator(v_kn: jax.Array, points_k: jax.Array) -> jax.Array:
+    """Whether rubric k speaks for CoT n, [K, N] float32: a reward rubric met, or a penalty rubric's flaw absent,
+    u_kn = 1 - v_kn if s_k < 0 else v_kn (the verifier's v = 1 means "flaw present" for a penalty, rlcer.txt
+    Figure 10; points 0, which the parsers reject, read as written). Its Pearson correlation with z equals that
+    of sign(s_k) * v_k."""
+    chex.assert_rank([v_kn, points_k], [2, 1])
+    chex.assert_equal_shape_prefix([v_kn, points_k], 1)
+    v = as_stats_dtype(v_kn)
+    return jnp.where(jnp.asarray(points_k)[:, None] < 0, 1 - v, v)
+
+
+def rlcer_sign_aware_validity(
+    v_kn: jax.Array,
+    z_n: jax.Array,
+    points_k: jax.Array,
+    rubric_mask_k: jax.Array,
+    rollout_mask_n: Optional[jax.Array] = None,
+    *,
+    alpha: float = 0.2,
+) -> jax.Array:
+    """RLCER rubric validity (rlcer.txt, eq 7) with penalty rubrics read by the absence of their flaw, [K]:
+    `rlcer_rubric_validity` of `rlcer_merit_indicator`, i.e. corr(sign(s_k) v_k, z) > alpha and std(v_k) > 0.
+
+    Why: eq 7 asks that "satisfying the rubric aligns with producing correct answers" and eq 6 adds s_k v_k to
+    the CoT's score; for a penalty (s_k < 0, v_k = 1 when the flaw is present) the rubric pushes the score in the
+    right direction exactly when its flaw comes with *wrong* answers, so that is when it is informative. Read as
+    written (`rlcer_rubric_validity` of v_k), every useful penalty is invalid and every valid one rewards
+    flawed-but-right CoTs. Reward rubrics are unchanged; conventions and degenerate cases as
+    `rlcer_rubric_validity` (std(u_k) = std(v_k)).
+    """
+    return rlcer_rubric_validity(rlcer_merit_indicator(v_kn, points_k), z_n, rubric_mask_k, rollout_mask_n,
+                                 alpha=alpha)
 
 
 def rlcer_valid_fraction(valid_k: jax.Array, rubric_mask_k: jax.Array) -> jax.Array:
@@ -113,16 +155,23 @@ def rlcer_rubricator_reward(valid_k: jax.Array, rubric_mask_k: jax.Array, format
     return fraction + jnp.asarray(format_ok).astype(bool)
 
 
-def rlcer_cot_reward(v_kn: jax.Array, points_k: jax.Array, valid_k: jax.Array) -> jax.Array:
+def rlcer_cot_reward(
+    v_kn: jax.Array, points_k: jax.Array, valid_k: jax.Array, known_kn: Optional[jax.Array] = None
+) -> jax.Array:
     """RLCER's CoT reward (rlcer.txt, eq 6): min-max normalised points of the valid rubrics each CoT meets, [N].
 
     Min and max attainable scores are over the valid rubrics (sum of their negative / positive points), shared
-    by the question's N rollouts. Degenerate: no valid rubric, or valid rubrics whose points are all 0 -> 0 for
-    every rollout (no CoT signal for this question; the reasoner reward is then the outcome alone).
+    by the question's N rollouts. `known_kn` [K, N] (None: all known): a rubric whose verdict on rollout n is
+    unknown (its verifier call failed) takes no part in n's score nor in n's min and max, so n is normalised over
+    the valid rubrics it was judged on. Degenerate: no valid (known) rubric, or valid rubrics whose points are all
+    0 -> 0 for that rollout (no CoT signal; the reasoner reward is then the outcome alone).
     """
     chex.assert_rank([v_kn, points_k, valid_k], [2, 1, 1])
     chex.assert_equal_shape_prefix([v_kn, points_k, valid_k], 1)
-    return min_max_score(v_kn.T, points_k, valid_k)
+    if known_kn is None:
+        return min_max_score(v_kn.T, points_k, valid_k)
+    chex.assert_equal_shape([v_kn, known_kn])
+    return min_max_score(v_kn.T, points_k, jnp.asarray(valid_k).astype(bool) & jnp.asarray(known_kn).T.astype(bool))
 
 
 def rlcer_reasoner_reward(correct_n: jax.Array, v_kn: jax.Array, points_k: jax.Array, valid_k: jax.Array) -> jax.Array:

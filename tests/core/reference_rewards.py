@@ -96,11 +96,41 @@ def pearson(x, y, mask):
     return max(-1.0, min(1.0, sxy / math.sqrt(sxx * syy))), True
 
 
+def _rubric_rollouts(rollout_mask, k):
+    """Rubric k's rollout mask: rollout_mask is [N] (every rubric alike) or [K][N] (per verdict)."""
+    row = rollout_mask[k]
+    return row if hasattr(row, "__len__") else rollout_mask
+
+
 def rlcer_rubric_validity(v_kn, z_n, rubric_mask, rollout_mask, alpha=0.2):
     out = []
     for k in range(len(v_kn)):
-        value, defined = pearson(v_kn[k], z_n, rollout_mask)
+        value, defined = pearson(v_kn[k], z_n, _rubric_rollouts(rollout_mask, k))
         out.append(bool(rubric_mask[k]) and defined and value > alpha)
+    return out
+
+
+def rlcer_sign_aware_validity(v_kn, z_n, points_k, rubric_mask, rollout_mask, alpha=0.2):
+    """Eq 7 with a penalty rubric (points < 0) judged by the absence of its flaw: corr(1 - v_k, z) > alpha."""
+    out = []
+    for k in range(len(v_kn)):
+        u = [1.0 - _f(v) if _f(points_k[k]) < 0 else _f(v) for v in v_kn[k]]
+        value, defined = pearson(u, z_n, _rubric_rollouts(rollout_mask, k))
+        out.append(bool(rubric_mask[k]) and defined and value > alpha)
+    return out
+
+
+def rlcer_cot_reward(v_kn, points_k, valid_k, known_kn):
+    """Eq 6 for each rollout n over the valid rubrics whose verdict on n is known (known_kn [K][N])."""
+    out = []
+    for n in range(len(v_kn[0])):
+        x = lowest = highest = 0.0
+        for k in range(len(v_kn)):
+            if valid_k[k] and known_kn[k][n]:
+                x += _f(points_k[k]) * _f(v_kn[k][n])
+                lowest += min(_f(points_k[k]), 0.0)
+                highest += max(_f(points_k[k]), 0.0)
+        out.append((x - lowest) / (highest - lowest) if highest > lowest else 0.0)
     return out
 
 

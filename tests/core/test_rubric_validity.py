@@ -17,6 +17,7 @@ B = 12
 
 masked_pearson = jax.jit(rv.masked_pearson)
 validity = jax.jit(rv.rlcer_rubric_validity)  # alpha may be traced
+sign_aware_validity = jax.jit(rv.rlcer_sign_aware_validity)
 valid_fraction = jax.jit(rv.rlcer_valid_fraction)
 rubricator_reward = jax.jit(rv.rlcer_rubricator_reward)
 cot_reward = jax.jit(rv.rlcer_cot_reward)
@@ -71,6 +72,35 @@ def test_rlcer_validity_respects_the_rollout_mask():
     v, z, _ = rlcer_case()
     out = validity(v, z, np.ones(5, bool), np.array([1, 1, 0, 1], bool))
     assert bool(out[1])
+
+
+def test_rlcer_sign_aware_validity_keeps_penalties_whose_flaw_comes_with_wrong_answers():
+    # Penalties read by the absence of their flaw (u = 1 - v):
+    # k3 (-2) flaw on the wrong rollouts: u = [1,1,0,0], corr 1 -> valid (as written: corr -1, invalid)
+    # k4 (-1) flaw on a right rollout:    u = [0,1,1,1], corr -0.58 -> invalid (as written: 0.58, valid)
+    # reward rubrics k0, k1, k2 as in eq 7 as written.
+    v, z, points = rlcer_case()
+    np.testing.assert_array_equal(sign_aware_validity(v, z, points, np.ones(5, bool)), [1, 0, 0, 1, 0])
+    np.testing.assert_array_equal(rv.rlcer_merit_indicator(v, points)[3:], [[1, 1, 0, 0], [0, 1, 1, 1]])
+    # CoT reward over the valid k0 (+3) and k3 (-2): min -2, max 3; x = 3, 3, -2, -2 -> 1, 1, 0, 0.
+    valid = sign_aware_validity(v, z, points, np.ones(5, bool))
+    np.testing.assert_allclose(cot_reward(v, points, valid), [1, 1, 0, 0], atol=1e-7)
+
+
+def test_rlcer_unknown_verdicts_leave_validity_and_the_cot_reward_of_that_rubric_and_rollout():
+    # k1's verdict on rollout 2 unknown (its verifier call failed): k1 correlated over rollouts 0, 1, 3:
+    # v = [1, 0, 0], z = [1, 1, 0] -> corr 0.5 > 0.2, valid; the other rubrics over all four rollouts.
+    v, z, points = rlcer_case()
+    known = np.ones((5, 4), bool)
+    known[1, 2] = False
+    valid = validity(v, z, np.ones(5, bool), known)
+    np.testing.assert_array_equal(valid, [1, 1, 0, 0, 1])
+    # valid k0 (+3), k1 (+2), k4 (-1): rollouts 0, 1, 3 over all three (min -1, max 5): x = 4, 3, 0 -> 5/6,
+    # 4/6, 1/6; rollout 2 over k0 and k4 only (min -1, max 3): x = 0 -> 1/4.
+    np.testing.assert_allclose(cot_reward(v, points, valid, known), [5 / 6, 4 / 6, 1 / 4, 1 / 6], rtol=1e-6)
+    # every verdict of rollout 2 unknown: no valid rubric judged it, no CoT signal
+    known[:, 2] = False
+    assert float(cot_reward(v, points, valid, known)[2]) == 0
 
 
 def test_rlcer_zero_variance_z_validates_no_rubric():
@@ -250,6 +280,16 @@ def test_rlcer_matches_the_loop_reference(seed):
         np.testing.assert_allclose(masked_pearson(v, z, rollout_mask).value[k], value, atol=1e-6)
     np.testing.assert_allclose(reasoner_reward(z, v, points, got), ref.rlcer_reasoner_reward(z, v, points, got),
                                rtol=1e-5, atol=1e-6)
+    # per-verdict masks (failed verifier calls) and the sign-aware reading of penalty rubrics
+    known = (rng.random((K, N)) < 0.8) & rollout_mask
+    signed = np.asarray(sign_aware_validity(v, z, points, rubric_mask, known, alpha=0.2))
+    expected = ref.rlcer_sign_aware_validity(v, z, points, rubric_mask, known, alpha=0.2)
+    for k in range(K):
+        u = ~v[k] if points[k] < 0 else v[k]
+        if abs(ref.pearson(u, z, known[k])[0] - 0.2) > 1e-5:
+            assert signed[k] == expected[k]
+    np.testing.assert_allclose(cot_reward(v, points, signed, known), ref.rlcer_cot_reward(v, points, signed, known),
+                               rtol=1e-5, atol=1e-6)
     proposed_rk = rng.random((3, K)) < 0.7
     valid_rk = rng.random((3, K)) < 0.5
     np.testing.assert_allclose(valid_fraction(valid_rk, proposed_rk),
@@ -306,6 +346,23 @@ def test_pearson_is_in_minus_one_one_and_symmetric(x, y, mask):
     assert np.all(value[~np.asarray(corr.defined)] == 0)
     swapped = masked_pearson(np.broadcast_to(y, x.shape), x, mask)
     np.testing.assert_allclose(swapped.value, value, atol=1e-5)
+
+
+@given(hnp.arrays(bool, (K, N)), hnp.arrays(bool, (N,)), hnp.arrays(np.int8, (K,), elements=st.sampled_from(
+    [-5, -2, -1, 1, 3, 5])), hnp.arrays(bool, (K,)), hnp.arrays(bool, (K, N)), st.floats(-1, 1))
+def test_rlcer_sign_aware_validity_invariants(v, z, points, rubric_mask, known, alpha):
+    points = points.astype(np.float32)
+    valid = np.asarray(sign_aware_validity(v, z, points, rubric_mask, known, alpha=alpha))
+    # A penalty for a flaw is the same rubric as a reward for its absence.
+    np.testing.assert_array_equal(sign_aware_validity(~v, z, -points, rubric_mask, known, alpha=alpha), valid)
+    # Reward rubrics are validated as eq 7 is written.
+    as_written = np.asarray(validity(v, z, rubric_mask, known, alpha=alpha))
+    np.testing.assert_array_equal(valid[points > 0], as_written[points > 0])
+    # A mask per verdict that repeats one rollout mask is that rollout mask.
+    np.testing.assert_array_equal(validity(v, z, rubric_mask, np.broadcast_to(known[0], (K, N)), alpha=alpha),
+                                  validity(v, z, rubric_mask, known[0], alpha=alpha))
+    cot = np.asarray(cot_reward(v, points, valid, known))
+    assert np.all((cot >= 0) & (cot <= 1))
 
 
 @given(hnp.arrays(bool, (K, N)), hnp.arrays(bool, (N,)), hnp.arrays(bool, (K,)), hnp.arrays(bool, (N,)),
