@@ -29,7 +29,7 @@ setup(
         "aiohttp>=3.9",
         # outcome verification of \boxed{} answers (rubric_jax.judges.outcome); the extra brings its LaTeX parser
         "math-verify[antlr4_13_2]>=0.7",
-        # YAML configs (rubric_jax.training.config)
+        # YAML configs (rubric_jax.yaml_config)
         "pyyaml>=6.0",
         # the trainer's metrics: TensorBoard event files and PNG plots (rubric_jax.training.metrics)
         "tensorboardX>=2.6",

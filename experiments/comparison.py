@@ -22,13 +22,13 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 
 from rubric_jax.quickstart import evaluate_directory
-from rubric_jax.training.config import load_config
 from rubric_jax.training.metrics import read_metrics
 from rubric_jax.training.rl import train_rl
 from rubric_jax.training.run_config import (
     AlgorithmSpec, CheckpointConfig, EvalConfig, LearnerConfig, MetricsConfig, ModelInit, ModelSpec, RLConfig,
     SFTConfig)
 from rubric_jax.training.sft import train_sft
+from rubric_jax.yaml_config import load_config
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 SMOKE_RL_STEPS, SMOKE_SFT_STEPS, SMOKE_EVAL_EXAMPLES = 1, 2, 4

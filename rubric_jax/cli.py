@@ -10,8 +10,8 @@ import json
 import sys
 from typing import Optional, Sequence
 
-from rubric_jax.training.config import apply_overrides, config_from_dict, load_config
 from rubric_jax.training.run_config import EvalConfig, QuickstartConfig, RLConfig, SFTConfig, resolve_algorithm
+from rubric_jax.yaml_config import apply_overrides, config_from_dict, load_config
 
 DESCRIPTION = """Rubric-based RL of LLMs in JAX.
 

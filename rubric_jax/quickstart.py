@@ -20,11 +20,11 @@ from rubric_jax.inference.embedded import EmbeddedEngine
 from rubric_jax.models.safetensors_io import load_hf_checkpoint
 from rubric_jax.models.tokenizer import load_tokenizer
 from rubric_jax.training import policy
-from rubric_jax.training.config import save_config
 from rubric_jax.training.evaluate import evaluate
 from rubric_jax.training.rl import train_rl
 from rubric_jax.training.run_config import EvalConfig, QuickstartConfig
 from rubric_jax.training.sft import train_sft
+from rubric_jax.yaml_config import save_config
 
 HEADLINE = ("eval/accuracy", "eval/rubric_score")
 

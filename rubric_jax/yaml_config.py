@@ -1,5 +1,8 @@
 """YAML configs mapped onto frozen dataclasses: strict, validated before any compute, overridable by `key.sub=value`.
 
+Generic (it knows no config of the project), so that both the data layer (a task's `params`) and the trainer
+(the run configs) read their configs with it; it imports nothing from the project.
+
 - `config_from_dict(cls, data)` builds a (nested) frozen dataclass from plain data. Every error is a ValueError
   naming the full key (`optimizer.warmup_steps`): an unknown key (with the known ones listed), a missing
   required key, a value of the wrong type, or a combination the dataclass's own `__post_init__` rejects.

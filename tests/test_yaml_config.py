@@ -5,14 +5,14 @@ from typing import Literal, Optional
 
 import pytest
 
-from rubric_jax.training.config import (
+from rubric_jax.training.optim import OptimizerConfig
+from rubric_jax.yaml_config import (
     apply_overrides,
     config_from_dict,
     config_to_dict,
     load_config,
     save_config,
 )
-from rubric_jax.training.optim import OptimizerConfig
 
 
 @dataclasses.dataclass(frozen=True)

@@ -32,8 +32,8 @@ from experiments.comparison import CONFIGS, Variant, comparison_parser, eval_sam
 from rubric_jax.algorithms.rgr_grpo import refine_at_test_time
 from rubric_jax.data.tasks import build_task
 from rubric_jax.quickstart import embedded_engine_from
-from rubric_jax.training.config import load_config
 from rubric_jax.training.run_config import AlgorithmSpec, RLConfig
+from rubric_jax.yaml_config import load_config
 
 TITLE = "RGR-GRPO vs baselines and ablations (arithmetic, CPU)"
 REFINE_KEYS = ("eval/refine/accuracy_before", "eval/refine/accuracy_after", "eval/refine/refined_fraction")

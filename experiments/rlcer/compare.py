@@ -32,8 +32,8 @@ from experiments.comparison import CONFIGS, Variant, comparison_parser, eval_sam
 from rubric_jax.algorithms.rlcer_eval import hint_evaluation
 from rubric_jax.data.tasks import build_task
 from rubric_jax.quickstart import embedded_engine_from
-from rubric_jax.training.config import load_config
 from rubric_jax.training.run_config import AlgorithmSpec, RLConfig
+from rubric_jax.yaml_config import load_config
 
 TITLE = "RLCER vs outcome-only GRPO and its ablations (rubric world, CPU)"
 RLCER_KEYS = ["rlcer/corr_mean", "rlcer/valid_fraction", "rlcer/cot_reward_mean", "rlcer/rubricator_format_rate"]

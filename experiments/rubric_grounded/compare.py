@@ -23,8 +23,8 @@ from typing import Optional, Sequence
 
 from experiments.comparison import CONFIGS, Variant, comparison_parser, eval_samples, load_configs, run_comparison
 from rubric_jax.data.tasks import build_task
-from rubric_jax.training.config import load_config
 from rubric_jax.training.run_config import AlgorithmSpec, RLConfig
+from rubric_jax.yaml_config import load_config
 
 TITLE = "rubric-grounded GRPO vs baselines (arithmetic, CPU)"
 

@@ -62,7 +62,7 @@ from rubric_jax.judges.programmatic import ProgrammaticJudge, register_check
 from rubric_jax.rubrics.prompts import fence
 from rubric_jax.rubrics.schema import Criterion, ItemKind, Rubric
 from rubric_jax.rubrics.steps import split_steps
-from rubric_jax.training.config import config_from_dict
+from rubric_jax.yaml_config import config_from_dict
 
 STEP_WEIGHT, ANSWER_WEIGHT, FORMAT_WEIGHT = arithmetic.STEP_WEIGHT, arithmetic.ANSWER_WEIGHT, arithmetic.FORMAT_WEIGHT
 PLAN_WEIGHT, CARRY_WEIGHT = 1.0, 1.0

@@ -11,7 +11,7 @@ import dataclasses
 from typing import Any, Callable, Literal, Mapping, Optional, Sequence
 
 from rubric_jax.data import arithmetic, arithmetic_rgr, arithmetic_srar, rubric_world
-from rubric_jax.training.config import config_from_dict
+from rubric_jax.yaml_config import config_from_dict
 
 
 @dataclasses.dataclass(frozen=True)

@@ -5,10 +5,8 @@ rl.py          `train_rl(config, task)`: rollouts -> judges -> a recipe's advant
                metrics -> checkpoints; resumes exactly.
 sft.py         `train_sft(config, task)`: masked cross-entropy on chat-formatted solutions; saves an HF directory.
 evaluate.py    held-out avg@k, pass@k and rubric satisfaction of the policy an engine serves.
-run_config.py  `RLConfig`, `SFTConfig`, `QuickstartConfig` and their sections, validated before any compute.
-config.py      YAML configs onto frozen dataclasses: `load_config(cls, path, overrides)` with strict validation
-               (unknown keys, wrong types, impossible combinations name the key), `key.sub=value` overrides,
-               `save_config` of the fully resolved config.
+run_config.py  `RLConfig`, `SFTConfig`, `QuickstartConfig` and their sections, validated before any compute
+               (read from YAML by `rubric_jax.yaml_config`, which the data layer shares).
 optim.py       `OptimizerConfig` and `make_optimizer`: AdamW with decoupled weight decay on matrices, linear warmup,
                a constant or cosine schedule with a floor, and global-norm clipping.
 checkpoint.py  `Checkpointer`: orbax checkpoints of the learner state and JSON metadata; async, keep N, never a

@@ -37,11 +37,11 @@ from rubric_jax.judges import llm
 from rubric_jax.judges.base import Judge
 from rubric_jax.models import sharding, train_step
 from rubric_jax.training import policy, runs
-from rubric_jax.training.config import save_config
 from rubric_jax.training.evaluate import evaluate
 from rubric_jax.training.metrics import PhaseTimer
 from rubric_jax.training.optim import learning_rate_schedule, make_optimizer
 from rubric_jax.training.run_config import JudgeConfig, RLConfig, resolve_algorithm
+from rubric_jax.yaml_config import save_config
 
 RL_PLOTS = {
     "reward": ("reward/mean", "outcome/accuracy"),

@@ -1,4 +1,4 @@
-"""The run configs, YAML sections as frozen dataclasses (`config.load_config(RLConfig, path, overrides)`):
+"""The run configs, YAML sections as frozen dataclasses (`yaml_config.load_config(RLConfig, path, overrides)`):
 `RLConfig` (`rubric-jax train`), `SFTConfig` (`rubric-jax sft`), `QuickstartConfig` (`rubric-jax quickstart`,
 which derives one SFT and one RL run from it).
 
@@ -14,8 +14,8 @@ import dataclasses
 from typing import Any, Literal, Optional
 
 from rubric_jax.algorithms.registry import algorithm_class
-from rubric_jax.training.config import config_from_dict, config_to_dict
 from rubric_jax.training.optim import OptimizerConfig
+from rubric_jax.yaml_config import config_from_dict, config_to_dict
 
 
 def _require(ok: bool, message: str) -> None:

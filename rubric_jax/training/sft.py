@@ -21,10 +21,10 @@ from rubric_jax.algorithms.base import padded_prompt_width
 from rubric_jax.models import sharding, train_step
 from rubric_jax.models.tokenizer import apply_chat_template
 from rubric_jax.training import policy, runs
-from rubric_jax.training.config import save_config
 from rubric_jax.training.metrics import PhaseTimer
 from rubric_jax.training.optim import learning_rate_schedule, make_optimizer
 from rubric_jax.training.run_config import SFTConfig
+from rubric_jax.yaml_config import save_config
 
 SFT_PLOTS = {"sft_loss": ("train/loss",), "sft_entropy": ("train/entropy",), "sft_grad_norm": ("train/grad_norm",)}
 

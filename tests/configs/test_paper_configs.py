@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rubric_jax.training.config import config_to_dict, load_config
 from rubric_jax.training.run_config import RLConfig, resolve_algorithm
+from rubric_jax.yaml_config import config_to_dict, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 PAPERS = ("srar", "rlcer", "evorubric", "rgr_grpo", "rubric_grounded")

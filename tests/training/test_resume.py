@@ -17,9 +17,9 @@ from rubric_jax.training.metrics import read_metrics
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = """
 import sys
-from rubric_jax.training.config import load_config
 from rubric_jax.training.rl import train_rl
 from rubric_jax.training.run_config import RLConfig
+from rubric_jax.yaml_config import load_config
 from tests.training.toy_task import toy_task
 train_rl(load_config(RLConfig, sys.argv[1]), toy_task())
 """

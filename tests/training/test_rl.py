@@ -20,7 +20,6 @@ from rubric_jax.models import sharding, train_step
 from rubric_jax.models.safetensors_io import load_hf_checkpoint
 from rubric_jax.training import policy
 from rubric_jax.training.checkpoint import Checkpointer
-from rubric_jax.training.config import load_config
 from rubric_jax.training.metrics import PhaseTimer, read_metrics
 from rubric_jax.training.rl import train_rl
 from rubric_jax.training.run_config import (
@@ -28,6 +27,7 @@ from rubric_jax.training.run_config import (
     RolloutConfig)
 from rubric_jax.data.tasks import build_task
 from rubric_jax.training.run_config import JudgeConfig
+from rubric_jax.yaml_config import load_config
 from tests.inference.standin_server import StandinServer, http_error
 from tests.training.toy_task import CHECKS, toy_task
 

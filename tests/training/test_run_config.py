@@ -10,8 +10,8 @@ import pytest
 
 from rubric_jax import cli
 from rubric_jax.data.tasks import build_task
-from rubric_jax.training.config import apply_overrides, config_from_dict, load_config
 from rubric_jax.training.run_config import QuickstartConfig, RLConfig, SFTConfig, resolve_algorithm
+from rubric_jax.yaml_config import apply_overrides, config_from_dict, load_config
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 VALID_RL = {"output_dir": "out", "steps": 3, "model": {"path": "some/model"}}
