@@ -10,6 +10,7 @@ For each step (G = sampling.n rollouts per prompt; Algorithm 1 of Appendix B):
   3. r_i = 1 if every factual criterion is met, else                     core.rewards.rgr_factual_gated_reward
      sum_k w_k s_k / sum_k w_k over all criteria (eqs 4-5)
   4. exploration assessment of o_1..o_{G-1}: o_best = argmax r (eq 7),   core.rubric_validity.rgr_exploration_assessment
+     ties at r = 1 going to a rollout meeting every criterion;           (`assessment_key`)
      solved iff o_best meets every criterion, C_failed its unmet ones (eq 8)
   5. solved group: o_G is the reserved on-policy sample (plain GRPO)
      unsolved group: o_G ~ pi_old(. | q, o_best, C_failed) (eq 9), one     base.sample_groups(..., stream=1) of
@@ -154,6 +155,16 @@ def _gated_reward(satisfied_bk, weights_bk, factual_bk, counted_bk) -> np.ndarra
         jnp.asarray(satisfied_bk), jnp.asarray(weights_bk), jnp.asarray(factual_bk), jnp.asarray(counted_bk)))
 
 
+def assessment_key(rubric_b: np.ndarray, satisfied_bk: np.ndarray, counted_bk: np.ndarray) -> np.ndarray:
+    """The value o_best maximises (eq 7): the gated reward r (eq 5), plus 1 on a rollout that meets every counted
+    criterion. Such a rollout has r = 1, the largest reward, so the key only breaks ties at r = 1, which the
+    factual gate makes common (every fact met, a process criterion failed): without it the lowest tied row would
+    win and a group holding a perfect solution would be refined, against section 2.3 ("if the current group of
+    responses already contains a perfect solution, additional off-policy exploration is unnecessary")."""
+    complete_b = np.all(~counted_bk | (satisfied_bk >= 1), axis=1)
+    return rubric_b + complete_b.astype(rubric_b.dtype)
+
+
 def _failed_criteria(rubric: Rubric, failed_k: np.ndarray) -> list[Criterion]:
     return [rubric.criteria[k] for k in np.flatnonzero(failed_k)]
 
@@ -228,8 +239,8 @@ class RGRGRPO(base.Algorithm):
         group_ids = rollouts.group_ids
         assessed_b = (np.arange(len(group_ids)) % group < group - 1) & ~rows.failed_b
         assessment = rubric_validity.rgr_exploration_assessment(
-            jnp.asarray(rubric_b), jnp.asarray(rows.satisfied_bk), jnp.asarray(counted_bk), jnp.asarray(group_ids),
-            jnp.asarray(assessed_b))
+            jnp.asarray(assessment_key(rubric_b, rows.satisfied_bk, counted_bk)), jnp.asarray(rows.satisfied_bk),
+            jnp.asarray(counted_bk), jnp.asarray(group_ids), jnp.asarray(assessed_b))
         last_rows = np.arange(len(examples)) * group + group - 1
         best_g = np.asarray(assessment.best_index)[last_rows]
         solved_g = np.asarray(assessment.solved)[last_rows]

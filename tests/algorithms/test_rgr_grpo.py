@@ -293,6 +293,17 @@ def test_fact_only_rubrics_count_and_refine_on_factual_criteria_only(tokenizer):
     assert context.engine.calls[1] == [refinement_messages(A, CARRIED_A, rgr_rubric(A).criteria[1:4])]
 
 
+def test_a_perfect_rollout_tied_at_reward_1_solves_its_group(tokenizer):
+    # B's on-policy rows: PROSE_B (every fact met: r = 1 through the gate, its format fails) and GOLD_B (every
+    # criterion met: r = 1). Eq 7's argmax ties; the group holds a perfect solution, so it is solved and not
+    # refined, whichever row comes first. A's group [CARRIED_A, GOLD_A] is solved too: no refinement at all.
+    for script_b in ([PROSE_B, GOLD_B, "17"], [GOLD_B, PROSE_B, "17"]):
+        context = scripted_context(tokenizer, script={A.question: [CARRIED_A, GOLD_A, "junk"], B.question: script_b})
+        result = RGRGRPO(RGRGRPOConfig(**PAPER_OFF)).experience([A, B], context, step=0)
+        assert result.metrics["rgr/solved_group_fraction"] == 1.0
+        assert len(context.engine.calls) == 1 and not result.batch["off_policy_b"].any()
+
+
 def test_std_scaling_and_the_length_penalty(tokenizer):
     rewards = np.array([1, 7 / 15, 0, 7 / 13, 1, 1])
     result, _ = scripted_step(tokenizer, scale_by_std=True)
