@@ -80,6 +80,9 @@ class Experience:
     prompt_width: int
     metrics: dict[str, float]
 
+# The `core.aggregation` modes with a constant normaliser, `PolicyLossConfig.norm_constant`.
+NORM_AGGREGATIONS = ("seq_mean_token_sum_norm", "token_sum_norm")
+
 
 @dataclasses.dataclass(frozen=True)
 class PolicyLossConfig:
@@ -98,8 +101,9 @@ class PolicyLossConfig:
       "seq_mask_tis" a whole sequence zeroed when its geometric-mean w leaves [is_low, is_high]; "none".
     - `kl_coef` > 0 adds a KL penalty against the frozen initial policy (the trainer then keeps a reference
       copy); `kl_estimator` names a `core.kl` estimator.
-    - `aggregation`: a `core.aggregation` mode; `norm_constant` is Dr.GRPO's constant, required by
-      seq_mean_token_sum_norm only.
+    - `aggregation`: a `core.aggregation` mode; `norm_constant`, required by the two constant-normaliser modes
+      only, is Dr.GRPO's constant per valid sequence (seq_mean_token_sum_norm) or verl's per row of the batch
+      (token_sum_norm: verl's loss_scale_factor / ppo_micro_batch_size_per_gpu reproduces a verl update).
     """
 
     loss: Literal["ppo", "dual_clip", "gspo"] = "ppo"
@@ -114,7 +118,8 @@ class PolicyLossConfig:
     is_high: float = 5.0
     kl_coef: float = 0.0
     kl_estimator: Literal["k1", "k2", "k3", "k1_k2_grad", "k3_k2_grad"] = "k3"
-    aggregation: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"] = (
+    aggregation: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm",
+                         "token_sum_norm"] = (
         "token_mean"
     )
     norm_constant: Optional[float] = None
@@ -132,8 +137,9 @@ class PolicyLossConfig:
         if self.loss == "gspo" and self.aggregation != "seq_mean_token_mean":
             raise ValueError(f"loss gspo needs aggregation seq_mean_token_mean (GSPO's sequence-level objective), "
                              f"got {self.aggregation}")
-        if (self.aggregation == "seq_mean_token_sum_norm") != (self.norm_constant is not None):
-            raise ValueError("norm_constant is required by aggregation seq_mean_token_sum_norm, and only by it")
+        if (self.aggregation in NORM_AGGREGATIONS) != (self.norm_constant is not None):
+            raise ValueError(f"norm_constant is required by aggregation {' and '.join(NORM_AGGREGATIONS)}, "
+                             "and only by them")
 
 
 def _ratio_loss(config: PolicyLossConfig) -> train_step.TokenLossFn:
@@ -170,7 +176,7 @@ def policy_loss_fn(config: PolicyLossConfig) -> train_step.TokenLossFn:
 def aggregate_fn(config: PolicyLossConfig) -> train_step.AggregateFn:
     """The `core.aggregation` mode `config.aggregation` names."""
     mode = getattr(aggregation, config.aggregation)
-    if config.aggregation == "seq_mean_token_sum_norm":
+    if config.aggregation in NORM_AGGREGATIONS:
         return lambda loss_bt, mask_bt: mode(loss_bt, mask_bt, norm_constant=config.norm_constant)
     return mode
 

@@ -8,11 +8,15 @@ gradient of the full-batch loss is (sum of the gradients of the loss_sums) / (su
 Conventions shared by every mode (verl's names):
 - Numerator and denominator use the same mask: a masked token adds nothing to either, whatever its value
   (NaN padding included). A row is a valid sequence iff it has at least one valid token; fully masked rows
-  are excluded from every sequence count, so padding a batch with masked rows changes nothing.
-- An all-masked batch gives (0, 0), and `finalize(0, 0)` is 0, not NaN.
+  are excluded from every sequence count, so padding a batch with masked rows changes nothing. The exception
+  is `token_sum_norm` (verl's normalisation), whose denominator counts every row of the batch.
+- An all-masked batch gives (0, 0) (`token_sum_norm`: (0, B * norm_constant)), and `finalize` of it is 0,
+  not NaN.
 - Micro-batches and shards split the batch by rows, never along T (a sequence's token mean needs its whole row).
 - Sums run in float32 (bfloat16 losses are promoted); the denominators are float32 counts, exact while
   they stay below 2^24 (16.7M tokens), so accumulation differs from the full batch only by summation order.
+  The norm modes' counts times norm_constant are exact too when norm_constant is an integer (or a dyadic
+  fraction such as 2048.5); otherwise each part's denominator is rounded to float32 once.
 """
 
 from typing import NamedTuple
@@ -68,20 +72,49 @@ def seq_mean_token_sum(loss_bt: jax.Array, mask_bt: jax.Array) -> LossTerms:
 
 def seq_mean_token_sum_norm(loss_bt: jax.Array, mask_bt: jax.Array, *, norm_constant: float) -> LossTerms:
     """seq-mean-token-sum-norm, Dr.GRPO's constant normaliser (Liu et al. 2025, "Understanding R1-Zero-like
-    training"; verl's mode): (sum of valid token losses, number of valid sequences * norm_constant).
+    training": a constant in place of each sequence's 1/|o_i|): (sum of valid token losses, number of valid
+    sequences * norm_constant).
 
     norm_constant (a static number > 0, e.g. the maximum response length) replaces each sequence's length,
     so no sequence is up- or down-weighted by its length. Sequences are counted as in the other sequence
-    modes: rows with at least one valid token. verl counts every row of its batch, and its batches have no
-    padding rows; ours are fixed-shape and get padded with fully masked rows (to fill a micro-batch or a
-    shard, or after dynamic sampling drops groups), and counting those would make the loss scale depend on
-    the padding and on how the batch was split, breaking exact accumulation. The price: a row that is
-    entirely masked for another reason (an empty or rejected response) is not counted either.
+    modes: rows with at least one valid token, so that padding rows (added to fill a micro-batch or a shard,
+    or left where dynamic sampling dropped groups) change nothing. The price: a row that is entirely masked for
+    another reason (an empty or rejected response) is not counted either.
+
+    verl's mode of the same name differs: its `agg_loss` divides the sum of the sequence losses by a constant
+    (`loss_scale_factor`, by default the padded response length) and counts no sequences at all;
+    `token_sum_norm` is that normalisation.
     """
     if not norm_constant > 0:
         raise ValueError(f"norm_constant must be > 0, got {norm_constant}")
     sums_b, counts_b = _row_sums(loss_bt, mask_bt)
     return LossTerms(jnp.sum(sums_b), jnp.sum(counts_b > 0).astype(sums_b.dtype) * norm_constant)
+
+
+def token_sum_norm(loss_bt: jax.Array, mask_bt: jax.Array, *, norm_constant: float) -> LossTerms:
+    """verl's seq-mean-token-sum-norm (verl/trainer/ppo/core_algos.py, `agg_loss`): the sum of valid token
+    losses over a constant, whatever the sequences: (sum of valid token losses, B * norm_constant), B the
+    number of rows of the batch, masked rows included.
+
+    verl's `agg_loss` returns sum / loss_scale_factor for whatever (micro-)batch it is handed. A constant per
+    call cannot be cut into (sum, denominator) parts that add up over micro-batches and shards, so the constant
+    goes to the batch's rows instead, each row carrying norm_constant whether or not it has a valid token: any
+    split of the batch by rows (micro-batches, data-parallel shards) adds up to exactly (sum, B * norm_constant),
+    and this is verl's value
+    - of `agg_loss` on a batch of B rows, with norm_constant = loss_scale_factor / B;
+    - of an update of verl's FSDP actor (dp_actor.py: each micro-batch's `agg_loss` times 1 / gradient
+      accumulation, gradients averaged over data-parallel ranks, so sum / (loss_scale_factor * the number of
+      micro-batches) = sum / (B * loss_scale_factor / micro_batch_rows)), with norm_constant =
+      loss_scale_factor / ppo_micro_batch_size_per_gpu.
+
+    Unlike every other mode, a fully masked row counts: padding rows (the trainer pads the batch to a multiple of
+    its micro-batches) lower the loss's scale, as would masking rows out of a batch kept whole to form a
+    micro-batch (split by rows instead). An all-masked batch gives (0, B * norm_constant), finalized to 0.
+    """
+    if not norm_constant > 0:
+        raise ValueError(f"norm_constant must be > 0, got {norm_constant}")
+    sums_b, _ = _row_sums(loss_bt, mask_bt)
+    return LossTerms(jnp.sum(sums_b), jnp.asarray(sums_b.shape[0] * norm_constant, sums_b.dtype))
 
 
 def finalize(loss_sum: jax.Array, denominator: jax.Array) -> jax.Array:

@@ -157,6 +157,15 @@ def test_every_correction_is_the_identity_when_the_engine_agrees_with_the_learne
         np.testing.assert_array_equal(metrics["is_weight"], mask.astype(np.float32))
 
 
+def test_each_norm_aggregation_is_selected_with_its_constant():
+    # 2 rows, one fully masked; valid token losses 1 and 2: Dr.GRPO's mode counts the one valid row (3 / 4),
+    # verl's both rows (3 / 8)
+    loss_bt, mask_bt = jnp.asarray([[1.0, 2.0], [5.0, 5.0]]), jnp.asarray([[True, True], [False, False]])
+    for name, expected in (("seq_mean_token_sum_norm", 3 / 4), ("token_sum_norm", 3 / 8)):
+        aggregate = aggregate_fn(PolicyLossConfig(aggregation=name, norm_constant=4.0))
+        np.testing.assert_allclose(aggregation.finalize(*aggregate(loss_bt, mask_bt)), expected, rtol=1e-6)
+
+
 @pytest.mark.parametrize("changes, message", [
     ({"clip_ratio_c": 1.0}, "clip_ratio_c must be > 1"),
     ({"loss": "gspo"}, "loss gspo needs aggregation seq_mean_token_mean"),
@@ -166,6 +175,8 @@ def test_every_correction_is_the_identity_when_the_engine_agrees_with_the_learne
     ({"gspo_eps_high": -1e-4}, "gspo_eps_high must be >= 0"),
     ({"eps_low": -0.2}, "eps_low must be >= 0"),
     ({"aggregation": "seq_mean_token_sum_norm"}, "norm_constant is required"),
+    ({"aggregation": "token_sum_norm"}, "norm_constant is required"),
+    ({"norm_constant": 8.0}, "norm_constant is required"),
 ])
 def test_bad_settings_are_rejected(changes, message):
     with pytest.raises(ValueError, match=message):

@@ -278,7 +278,8 @@ def kl(logp, ref_logp, mask, estimator: str, input_clamp=20.0, output_clamp=10.0
 
 
 def aggregate(loss, mask, mode: str, norm_constant: float = 1.0) -> tuple[float, float]:
-    """(loss_sum, denominator) of verl's modes, valid sequences = rows with at least one valid token."""
+    """(loss_sum, denominator) of verl's modes, valid sequences = rows with at least one valid token;
+    "token-sum-norm" is verl's own seq-mean-token-sum-norm (sum / constant), its constant carried by every row."""
     loss_sum, tokens, sequences = 0.0, 0, 0
     for b in range(loss.shape[0]):
         row = [float(loss[b, t]) for t in range(loss.shape[1]) if mask[b, t]]
@@ -292,6 +293,7 @@ def aggregate(loss, mask, mode: str, norm_constant: float = 1.0) -> tuple[float,
         "seq-mean-token-mean": sequences,
         "seq-mean-token-sum": sequences,
         "seq-mean-token-sum-norm": sequences * norm_constant,
+        "token-sum-norm": loss.shape[0] * norm_constant,
     }[mode]
     return loss_sum, float(denominator)
 
@@ -335,3 +337,145 @@ def mixed_policy_off_clips(logp, old_logp, advantages, mask, off_policy, gamma, 
                 off_loss[b, t] = -weight[b, t] * float(advantages[b, t])
                 off_grad[b, t] = float(advantages[b, t]) * shaped.grad[b, t] * passes[b, t]
     return RefLoss(on.loss + off_loss, on.ratio, on.clipped, on.grad + off_grad), weight, high, low
+
+
+# ---------------------------------------------------------------- SAPO, Clip-Cov, KL-Cov, GMPO, VESPO, entropy mask
+
+
+def _sigmoid(x: float) -> float:
+    return 1 / (1 + math.exp(-x)) if x >= 0 else math.exp(x) / (1 + math.exp(x))
+
+
+def sapo(logp, old_logp, advantages, mask, tau_pos, tau_neg, clamp=20.0) -> tuple[RefLoss, np.ndarray]:
+    """f(r) = 4 / tau * sigmoid(tau (r - 1)), tau = tau_pos if A > 0 else tau_neg; loss -f(r) A;
+    d loss / d logp = -A f'(r) r = -A * 4 r s (1 - s), s = sigmoid(tau (r - 1)). Returns (loss, gates)."""
+    out, gates = _empty(logp.shape), np.zeros(logp.shape)
+    for b in range(logp.shape[0]):
+        for t in range(logp.shape[1]):
+            if mask[b, t]:
+                log_ratio, live = _log_ratio(logp[b, t], old_logp[b, t], clamp)
+                ratio, advantage = math.exp(log_ratio), float(advantages[b, t])
+                tau = tau_pos if advantage > 0 else tau_neg
+                s = _sigmoid(tau * (ratio - 1))
+                gates[b, t] = 4 / tau * s
+                out.loss[b, t], out.ratio[b, t] = -gates[b, t] * advantage, ratio
+                out.grad[b, t] = -advantage * 4 * ratio * s * (1 - s) if live else 0.0
+    return out, gates
+
+
+def token_covariance(logp, advantages, mask) -> np.ndarray:
+    """(A - mean A)(logp - mean logp), both means over every valid token of the batch."""
+    cells = [(b, t) for b in range(mask.shape[0]) for t in range(mask.shape[1]) if mask[b, t]]
+    out = np.zeros(mask.shape)
+    if not cells:
+        return out
+    mean_logp = sum(float(logp[c]) for c in cells) / len(cells)
+    mean_advantage = sum(float(advantages[c]) for c in cells) / len(cells)
+    for c in cells:
+        out[c] = (float(advantages[c]) - mean_advantage) * (float(logp[c]) - mean_logp)
+    return out
+
+
+def top_k(scores, candidates, k: int) -> np.ndarray:
+    """The k candidates of highest score, equal scores by row-major position (lower first)."""
+    cells = [(b, t) for b in range(scores.shape[0]) for t in range(scores.shape[1]) if candidates[b, t]]
+    cells.sort(key=lambda c: (-float(scores[c]), c))
+    chosen = np.zeros(scores.shape, bool)
+    for c in cells[:max(k, 0)]:
+        chosen[c] = True
+    return chosen
+
+
+def clip_cov(logp, old_logp, advantages, mask, priority, eps_low, eps_high, ratio, lb, ub) -> tuple[RefLoss, np.ndarray]:
+    """verl's compute_policy_loss_clip_cov with its random choice replaced by the given priorities: PPO clip;
+    candidates = valid, not PPO-clipped, lb < cov < ub; the max(int(ratio * n), 1) of highest priority get loss
+    0 and gradient 0. Returns (loss with clipped = PPO-clipped or detached, detached)."""
+    out = ppo_clip(logp, old_logp, advantages, mask, eps_low, eps_high)
+    cov = token_covariance(logp, advantages, mask)
+    candidates = mask & ~out.clipped & (cov > lb) & (cov < ub)
+    detached = top_k(priority, candidates, max(int(ratio * int(mask.sum())), 1))
+    for b, t in zip(*np.nonzero(detached)):
+        out.loss[b, t], out.grad[b, t], out.clipped[b, t] = 0.0, 0.0, True
+    return out, detached
+
+
+def kl_cov(logp, old_logp, advantages, mask, ratio, coef, clamp=20.0) -> tuple[RefLoss, np.ndarray]:
+    """verl's compute_policy_loss_kl_cov: -r A on every valid token, + coef |log r| on the top max(int(ratio n), 1)
+    tokens by covariance; d/dlogp = -A r + coef sign(log r) (0 where the clamp is active)."""
+    out = no_clip(logp, old_logp, advantages, mask, clamp)
+    n = int(mask.sum())
+    penalised = top_k(token_covariance(logp, advantages, mask), mask, max(int(ratio * n), 1) if n else 0)
+    for b, t in zip(*np.nonzero(penalised)):
+        log_ratio, live = _log_ratio(logp[b, t], old_logp[b, t], clamp)
+        out.loss[b, t] += coef * abs(log_ratio)
+        out.grad[b, t] += coef * float(np.sign(log_ratio)) if live else 0.0
+    return out, penalised
+
+
+def gmpo(logp, old_logp, advantages, mask, eps_low, eps_high, clamp=20.0) -> RefLoss:
+    """verl's compute_policy_loss_geo_mean per row: l_t = sgn(A_t) min(sgn(A_t) log r, sgn(A_t) clip(log r,
+    -eps_low, eps_high)); s = exp(mean_t l_t); loss_b = -mean_t(A_t) s on each valid token. Per-token derivative
+    of the token form: -mean(A) s where l_t is the unclipped log r (and A_t != 0, no clamp), else 0."""
+    out = _empty(logp.shape)
+    for b in range(logp.shape[0]):
+        tokens = [t for t in range(logp.shape[1]) if mask[b, t]]
+        if not tokens:
+            continue
+        terms, live = {}, {}
+        for t in tokens:
+            log_ratio, unclamped = _log_ratio(logp[b, t], old_logp[b, t], clamp)
+            sign = float(np.sign(advantages[b, t]))
+            terms[t] = sign * min(sign * log_ratio, sign * _clip(log_ratio, -eps_low, eps_high))
+            clipped = (sign > 0 and log_ratio > eps_high) or (sign < 0 and log_ratio < -eps_low)
+            out.clipped[b, t] = clipped
+            live[t] = unclamped and sign != 0 and not clipped
+        ratio = math.exp(sum(terms.values()) / len(tokens))
+        advantage = sum(float(advantages[b, t]) for t in tokens) / len(tokens)
+        for t in tokens:
+            out.loss[b, t], out.ratio[b, t] = -advantage * ratio, ratio
+            out.grad[b, t] = -advantage * ratio if live[t] else 0.0
+    return out
+
+
+def vespo(logp, old_logp, advantages, mask, k_pos, lambda_pos, k_neg, lambda_neg, clamp=20.0):
+    """TRL's get_gamma_weights and vespo loss: log w = clip(sum_t clip(log r, +-20), log 1e-8, 20);
+    phi = exp(lambda + k log w - lambda w) by the sign of A (>= 0: pos); loss -phi A logp, d/dlogp = -phi A.
+    Returns (loss with ratio = w, phi)."""
+    out, phi = _empty(logp.shape), np.zeros(logp.shape)
+    for b in range(logp.shape[0]):
+        tokens = [t for t in range(logp.shape[1]) if mask[b, t]]
+        log_w = _clip(sum(_log_ratio(logp[b, t], old_logp[b, t], clamp)[0] for t in tokens), math.log(1e-8), 20.0)
+        for t in tokens:
+            advantage = float(advantages[b, t])
+            k, lam = (k_pos, lambda_pos) if advantage >= 0 else (k_neg, lambda_neg)
+            phi[b, t] = math.exp(lam + k * log_w - lam * math.exp(log_w))
+            out.loss[b, t] = -phi[b, t] * advantage * float(logp[b, t])
+            out.ratio[b, t], out.grad[b, t] = math.exp(log_w), -phi[b, t] * advantage
+    return out, phi
+
+
+def high_entropy_mask(entropy, mask, top_fraction) -> np.ndarray:
+    """TRL's get_high_entropy_mask: keep valid tokens whose entropy >= torch.quantile(valid entropies,
+    1 - top_fraction) (linear interpolation, as numpy's default)."""
+    valid = [float(entropy[b, t]) for b in range(mask.shape[0]) for t in range(mask.shape[1]) if mask[b, t]]
+    out = np.zeros(mask.shape, bool)
+    if not valid:
+        return out
+    threshold = float(np.quantile(np.asarray(valid), 1 - top_fraction))
+    for b in range(mask.shape[0]):
+        for t in range(mask.shape[1]):
+            out[b, t] = bool(mask[b, t]) and float(entropy[b, t]) >= threshold
+    return out
+
+
+def kl_abs(logp, ref_logp, mask, input_clamp=20.0, output_clamp=10.0) -> tuple[np.ndarray, np.ndarray]:
+    """verl's "abs": |delta|, delta = clip(ref - logp, +-input_clamp), value clipped to output_clamp. Returns
+    (value, d value / d logp = -sign(delta), torch's 0 at delta = 0, and 0 where a clamp is active)."""
+    value, grad = np.zeros(logp.shape), np.zeros(logp.shape)
+    for b in range(logp.shape[0]):
+        for t in range(logp.shape[1]):
+            if mask[b, t]:
+                delta, live = _log_ratio(ref_logp[b, t], logp[b, t], input_clamp)
+                value[b, t] = min(abs(delta), output_clamp)
+                grad[b, t] = -float(np.sign(delta)) if live and abs(delta) < output_clamp else 0.0
+    return value, grad

@@ -19,6 +19,9 @@ MODES = {
     "seq-mean-token-sum": jax.jit(agg.seq_mean_token_sum),
     "seq-mean-token-sum-norm": jax.jit(functools.partial(agg.seq_mean_token_sum_norm, norm_constant=NORM_CONSTANT)),
 }
+# verl's normalisation counts every row, masked ones included, so it is kept out of MODES, whose properties
+# (padding rows change nothing, an all-masked batch is (0, 0)) it does not have by design.
+token_sum_norm = jax.jit(agg.token_sum_norm, static_argnames="norm_constant")
 finalize = jax.jit(agg.finalize)
 # d finalize(mode(loss, mask)) / d loss and d loss_sum / d loss, compiled once per mode
 FINALIZED_GRADS = {
@@ -54,9 +57,47 @@ def test_finalize_is_zero_with_zero_gradient_on_a_zero_denominator():
 
 
 @pytest.mark.parametrize("norm_constant", [0.0, -1.0])
-def test_norm_constant_must_be_positive(norm_constant):
+@pytest.mark.parametrize("fn", [agg.seq_mean_token_sum_norm, agg.token_sum_norm])
+def test_norm_constant_must_be_positive(fn, norm_constant):
     with pytest.raises(ValueError, match="norm_constant"):
-        agg.seq_mean_token_sum_norm(jnp.zeros((1, 1)), jnp.ones((1, 1), bool), norm_constant=norm_constant)
+        fn(jnp.zeros((1, 1)), jnp.ones((1, 1), bool), norm_constant=norm_constant)
+
+
+def test_token_sum_norm_hand_computed_counts_every_row():
+    # the batch of test_every_mode_hand_computed: valid tokens 1, 2, 3, 4 (sum 10) in rows 0 and 1; row 2 fully
+    # masked but a row of the batch all the same: denominator 3 rows * 7
+    loss = jnp.asarray([[1.0, 2.0, 3.0], [4.0, jnp.nan, jnp.inf], [jnp.nan, 9.0, 9.0]])
+    mask = jnp.asarray([[True, True, True], [True, False, False], [False, False, False]])
+    terms = token_sum_norm(loss, mask, norm_constant=NORM_CONSTANT)
+    np.testing.assert_allclose(terms, (10.0, 3 * NORM_CONSTANT), rtol=1e-6)
+    # an all-masked batch: (0, rows * constant), finalized to 0
+    terms = token_sum_norm(loss, jnp.zeros_like(mask), norm_constant=NORM_CONSTANT)
+    assert (float(terms.loss_sum), float(terms.denominator)) == (0.0, 3 * NORM_CONSTANT)
+    assert float(finalize(*terms)) == 0.0
+
+
+def test_token_sum_norm_gives_verls_agg_loss_and_verls_actor_update():
+    # 4 rows of T = 3, token losses chosen by hand; row sums 6, 4, 0 (row fully masked), 5 -> S = 15
+    loss = jnp.asarray([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0], [0.0, 0.0, 0.0], [2.0, 3.0, 0.0]])
+    mask = jnp.asarray([[1, 1, 1], [1, 0, 0], [0, 0, 0], [1, 1, 0]], bool)
+    # verl's agg_loss on the whole batch, loss_scale_factor None -> the response length 3: 15 / 3 = 5;
+    # here norm_constant = loss_scale_factor / B = 3 / 4
+    np.testing.assert_allclose(finalize(*token_sum_norm(loss, mask, norm_constant=3 / 4)), 15 / 3, rtol=1e-6)
+    # verl's dp_actor with micro-batches of 2 rows (rows 0-1: sum 10; rows 2-3: sum 5), loss_scale_factor 3:
+    # each micro-batch's agg_loss times 1 / gradient_accumulation = 1/2: 10/3/2 + 5/3/2 = 2.5;
+    # here norm_constant = loss_scale_factor / micro-batch rows = 3 / 2, cut into the same micro-batches
+    parts = [token_sum_norm(loss[rows], mask[rows], norm_constant=3 / 2) for rows in (slice(0, 2), slice(2, 4))]
+    total = jax.tree.map(jnp.add, *parts)
+    np.testing.assert_allclose(total, (15.0, 4 * 3 / 2), rtol=1e-6)
+    np.testing.assert_allclose(finalize(*total), 2.5, rtol=1e-6)
+
+
+def test_token_sum_norm_counts_padding_rows():
+    loss, mask = jnp.asarray([[1.0, 2.0]]), jnp.asarray([[True, True]])
+    padded_loss = jnp.concatenate([loss, jnp.full((3, 2), jnp.nan)])
+    padded_mask = jnp.concatenate([mask, jnp.zeros((3, 2), bool)])
+    np.testing.assert_allclose(finalize(*token_sum_norm(loss, mask, norm_constant=2.0)), 3 / 2)
+    np.testing.assert_allclose(finalize(*token_sum_norm(padded_loss, padded_mask, norm_constant=2.0)), 3 / 8)
 
 
 def test_dr_grpo_norm_counts_valid_rows_so_padding_rows_change_nothing():
@@ -77,7 +118,8 @@ def test_every_mode_matches_reference(dtype):
     for seed in SEEDS:
         batch = random_policy_batch(np.random.RandomState(seed))
         loss = batch.advantages.astype(dtype)  # per-token values with NaN / inf garbage on masked tokens
-        for mode, fn in MODES.items():
+        verl = functools.partial(token_sum_norm, norm_constant=NORM_CONSTANT)
+        for mode, fn in {**MODES, "token-sum-norm": verl}.items():
             loss_sum, denominator = fn(loss, batch.mask)
             expected_sum, expected_denominator = ref.aggregate(loss.astype(np.float64), batch.mask, mode, NORM_CONSTANT)
             assert np.asarray(loss_sum).dtype == np.float32
@@ -120,6 +162,27 @@ def test_reference_item_7_every_mode_sums_over_micro_batches_and_shards_to_the_f
             np.testing.assert_allclose(finalize(*total), finalize(*full), rtol=1e-5, atol=1e-5, err_msg=mode)
 
 
+@given(loss_bt=losses_bt, mask_bt=masks_bt, assignment=arrays(np.int32, (ROWS,), elements=st.integers(0, 3)),
+       norm_constant=st.sampled_from([1.0, NORM_CONSTANT, 2048.0, 0.375]))
+def test_reference_item_7_token_sum_norm_sums_over_row_splits_to_the_full_batch(loss_bt, mask_bt, assignment,
+                                                                                  norm_constant):
+    """Shards and micro-batches holding only their own rows (as the trainer deals rows and as data parallelism
+    shards them; some may be empty) add up to the full batch's pair: the denominator exactly (the constants are
+    integers or dyadic, module docstring), the sum up to float32 summation order. A gradient reaches exactly the
+    valid tokens."""
+    loss_bt = with_garbage(loss_bt, mask_bt)
+    full = token_sum_norm(loss_bt, mask_bt, norm_constant=norm_constant)
+    shards = [token_sum_norm(loss_bt[assignment == k], mask_bt[assignment == k], norm_constant=norm_constant)
+              for k in range(4)]
+    total = functools.reduce(lambda a, b: jax.tree.map(jnp.add, a, b), shards)
+    assert float(total.denominator) == float(full.denominator) == ROWS * norm_constant
+    np.testing.assert_allclose(total.loss_sum, full.loss_sum, **sum_tolerance(loss_bt, mask_bt))
+    np.testing.assert_allclose(finalize(*total), finalize(*full), rtol=1e-5, atol=1e-5)
+    grad = jax.grad(lambda x: agg.finalize(*agg.token_sum_norm(x, mask_bt, norm_constant=norm_constant)))(loss_bt)
+    np.testing.assert_array_equal(np.asarray(grad) != 0, mask_bt)
+    np.testing.assert_allclose(np.asarray(grad)[mask_bt], 1 / (ROWS * norm_constant), rtol=1e-6)
+
+
 @given(loss_bt=arrays(np.float32, (ROWS, TOKENS), elements=st.floats(allow_nan=True, allow_infinity=True, width=32)))
 def test_reference_item_8_all_masked_batch_gives_zero_not_nan(loss_bt):
     mask_bt = np.zeros((ROWS, TOKENS), bool)
@@ -129,6 +192,10 @@ def test_reference_item_8_all_masked_batch_gives_zero_not_nan(loss_bt):
         assert float(finalize(*terms)) == 0.0, mode
         grad = FINALIZED_GRADS[mode](loss_bt, mask_bt)
         np.testing.assert_array_equal(grad, 0.0, err_msg=mode)
+    terms = token_sum_norm(loss_bt, mask_bt, norm_constant=NORM_CONSTANT)
+    assert (float(terms.loss_sum), float(finalize(*terms))) == (0.0, 0.0)
+    grad = jax.grad(lambda x: agg.finalize(*agg.token_sum_norm(x, mask_bt, norm_constant=NORM_CONSTANT)))(loss_bt)
+    np.testing.assert_array_equal(grad, 0.0)
 
 
 @given(loss_bt=losses_bt, mask_bt=masks_bt)

@@ -26,6 +26,7 @@ AGGREGATIONS = {
     "seq_mean_token_mean": aggregation.seq_mean_token_mean,
     "seq_mean_token_sum": aggregation.seq_mean_token_sum,
     "seq_mean_token_sum_norm": functools.partial(aggregation.seq_mean_token_sum_norm, norm_constant=8.0),
+    "token_sum_norm": functools.partial(aggregation.token_sum_norm, norm_constant=8.0),
 }
 
 
