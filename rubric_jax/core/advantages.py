@@ -18,7 +18,15 @@ import chex
 import jax
 import jax.numpy as jnp
 
-from rubric_jax.core.segments import dense_segment_ids, leave_one_out_stats, rows_mask, segment_stats
+from rubric_jax.core.segments import (
+    as_stats_dtype,
+    dense_segment_ids,
+    leave_one_out_stats,
+    rows_mask,
+    segment_count,
+    segment_stats,
+    segment_sum,
+)
 
 
 def scale_by_std(centred: jax.Array, std: jax.Array, eps: float) -> jax.Array:
@@ -109,6 +117,138 @@ def loo_std_advantages(
     centred = others.deviation
     advantage = jnp.where(others.std > 0, centred / (others.std + eps), centred)
     return jnp.where(valid & (others.count > 0), advantage, 0)
+
+
+def scale_by_group_std(
+    advantages_b: jax.Array,
+    rewards: jax.Array,
+    group_ids: jax.Array,
+    mask: Optional[jax.Array] = None,
+    *,
+    std_ddof: int = 1,
+    eps: float = 1e-6,
+) -> jax.Array:
+    """An advantage divided by its group's reward std: A_i / (std_g r + eps), 0 where the group's valid rewards
+    tie (std 0) and on masked rows.
+
+    The std scaling of the estimators that define their advantage without it: verl's `norm_adv_by_std_in_grpo`
+    on GRPO pass@k, GPG's F_norm = std{R(o)} (Chu et al. 2025, `gpg_advantages`). Sample std by default, as
+    verl (torch.std) and the GPG authors' code; the GPG authors add eps = 1e-4, verl 1e-6.
+    """
+    valid = rows_mask(mask, rewards.shape[0])
+    stats = _group_stats(rewards, group_ids, valid, std_ddof)
+    return jnp.where(valid, scale_by_std(as_stats_dtype(advantages_b), stats.std, eps), 0)
+
+
+def pass_at_k_advantages(rewards: jax.Array, group_ids: jax.Array, mask: Optional[jax.Array] = None) -> jax.Array:
+    """GRPO pass@k with k = the group size (Tang et al. 2025, "Optimizing language models for inference time
+    objectives using RL", arXiv 2503.19595, the leave-one-out estimator of the gradient of max_j r_j; verl's
+    `compute_grpo_passk_outcome_advantage` before its std scaling, which `scale_by_group_std` adds):
+
+        A_i = max_j r_j - max_{j != i} r_j      over the valid rows j of i's group.
+
+    So only a group's best rollout gets an advantage, its margin over the second best; every other rollout gets
+    0 (removing it leaves the max unchanged).
+    - Ties for the best: removing one best leaves another, so every row gets 0. (verl's `topk` credits the
+      first tied index with r_max - r_max = 0: the same values.)
+    - Single-sample group (one valid row): 0, no other rollout to form a baseline (verl raises ValueError).
+    - Masked rows take no part in any max and get 0.
+    The margin is one float subtraction of two rewards, so near-tied rewards keep their exact difference.
+    Returns [B] in `stats_dtype(rewards)`.
+    """
+    chex.assert_equal_shape([rewards, group_ids])
+    valid = rows_mask(mask, rewards.shape[0])
+    x = as_stats_dtype(rewards)
+    ids = dense_segment_ids(group_ids)
+    num = x.shape[0]
+    best = jax.ops.segment_max(jnp.where(valid, x, -jnp.inf), ids, num_segments=num)[ids]
+    is_best = valid & (x == best)
+    unique_best = segment_count(ids, is_best, num)[ids] == 1
+    runner_up = jax.ops.segment_max(jnp.where(valid & ~is_best, x, -jnp.inf), ids, num_segments=num)[ids]
+    has_runner_up = jnp.isfinite(runner_up)
+    margin = best - jnp.where(has_runner_up, runner_up, best)
+    return jnp.where(is_best & unique_best & has_runner_up, margin, 0)
+
+
+def opo_advantages(
+    rewards: jax.Array, lengths: jax.Array, group_ids: jax.Array, mask: Optional[jax.Array] = None
+) -> jax.Array:
+    """OPO, the optimal reward baseline (Hao et al. 2025, "On-policy RL with optimal reward baseline",
+    arXiv 2505.23585; verl's `compute_opo_outcome_advantage`): the length-weighted group mean as the baseline,
+
+        b_g = sum_j l_j r_j / sum_j l_j,   A_i = r_i - b_g      over the valid rows j of i's group,
+
+    where l_j = |o_j| is the response length in tokens, the paper's proxy for ||grad log pi(o_j)||^2 in the
+    variance-minimising baseline E[||grad log pi||^2 r] / E[||grad log pi||^2]. The baseline includes the row
+    itself (not leave-one-out), so the advantages are length-weighted zero-sum: sum_i l_i A_i = 0.
+    - Computed as d_i - sum_j l_j d_j / sum_j l_j with d = r - mean_g from `segment_stats` (the plain mean
+      cancels), so a group of equal rewards gets exactly 0 and near-tied rewards lose no precision.
+    - Single-sample group: b = r, A = 0 (verl sets b = 0 there, so A = r: an absolute reward where every other
+      group gets a relative one; we keep the equation's value).
+    - A group whose valid rows all have length 0 has no weight: 0. A length-0 row in a group with longer ones
+      gets r - b, which lands on no token.
+    - Masked rows are in no baseline and get 0. `lengths` [B] are >= 0 (ints or floats).
+    Returns [B] in `stats_dtype(rewards)`.
+    """
+    chex.assert_equal_shape([rewards, lengths, group_ids])
+    valid = rows_mask(mask, rewards.shape[0])
+    ids = dense_segment_ids(group_ids)
+    num = rewards.shape[0]
+    deviation = segment_stats(rewards, ids, valid, num_segments=num, ddof=0).deviation
+    weight = lengths.astype(deviation.dtype)
+    total = segment_sum(weight, ids, valid, num)[ids]
+    weighted = segment_sum(weight * deviation, ids, valid, num)[ids]
+    return jnp.where(valid & (total > 0), deviation - weighted / jnp.where(total > 0, total, 1), 0)
+
+
+def remax_advantages(rewards: jax.Array, baseline_rewards: jax.Array, mask: Optional[jax.Array] = None) -> jax.Array:
+    """ReMax (Li et al. 2024, "ReMax: a simple, effective and efficient RL method for aligning LLMs",
+    arXiv 2310.10505, Algorithm 1; verl's `compute_remax_outcome_advantage` for outcome rewards):
+
+        A_i = r(x, o_i) - r(x, o_greedy),
+
+    the baseline being the reward of a greedy (temperature 0) response to the same prompt, sampled for the
+    baseline only and never trained on. `baseline_rewards` [B] holds, for each row, the greedy reward of the
+    row's prompt (the recipe broadcasts one greedy rollout per prompt to its G rows).
+    - No group statistics: a single-sample group (ReMax's own setting, one sample per prompt) gets r - b, and
+      a group of equal rewards gets 0 only when they equal the greedy reward.
+    - Masked rows get 0. One float subtraction, so near-ties keep their exact difference.
+    Returns [B] in `stats_dtype(rewards)`.
+    """
+    chex.assert_equal_shape([rewards, baseline_rewards])
+    valid = rows_mask(mask, rewards.shape[0])
+    return jnp.where(valid, as_stats_dtype(rewards) - as_stats_dtype(baseline_rewards), 0)
+
+
+def gpg_alpha(rewards: jax.Array, group_ids: jax.Array, mask: Optional[jax.Array] = None) -> jax.Array:
+    """GPG's gradient correction alpha = B / (B - M) (Chu et al. 2025, "GPG: a simple and strong RL baseline for
+    model reasoning", arXiv 2504.02546, its "accurate gradient estimation"), a scalar.
+
+    B is the number of valid rows and M the number of them that cannot carry a gradient: the rows of groups
+    whose valid rewards tie (all right or all wrong), single-sample groups included. Dividing the batch-mean
+    loss by the informative fraction (B - M) / B undoes its dilution by zero-advantage rows. This is the
+    authors' code (`inverse_alpha` = share of groups with std > 0; with equal group sizes, the share of rows).
+    verl's `compute_gpg_outcome_advantage` counts instead the rows with a non-zero *reward*
+    (alpha = B / count_nonzero(r)), which for 0/1 rewards is 1 / accuracy, not the paper's correction; we
+    follow the paper. No informative row: alpha = 1 (every advantage is 0 then anyway).
+    """
+    valid = rows_mask(mask, rewards.shape[0])
+    stats = _group_stats(rewards, group_ids, valid, std_ddof=0)
+    informative = jnp.sum(valid & (stats.std > 0))
+    return jnp.where(informative > 0, jnp.sum(valid) / jnp.maximum(informative, 1), 1).astype(stats.std.dtype)
+
+
+def gpg_advantages(rewards: jax.Array, group_ids: jax.Array, mask: Optional[jax.Array] = None) -> jax.Array:
+    """GPG's advantage with F_norm = 1 (Chu et al. 2025, arXiv 2504.02546, the GPG objective's A = alpha (r - mean) / F_norm; verl's
+    `compute_gpg_outcome_advantage` with its default f_norm = 1): A_i = alpha (r_i - mean_g r), alpha from
+    `gpg_alpha`. F_norm = 1 is the paper's best ablation row and verl's default; F_norm = std{R(o)} (the authors'
+    `scale_rewards`) is `scale_by_group_std` of this. GPG's loss is the plain policy gradient -A log pi, which
+    PPO's clipped ratio equals in value and gradient at the first update on fresh rollouts.
+    - Single-sample group: 0 (verl uses a mean of 0 there, giving alpha r). Zero-variance group: 0.
+    - Masked rows are in no mean and no count (neither B nor M) and get 0.
+    Returns [B] in `stats_dtype(rewards)`.
+    """
+    return gpg_alpha(rewards, group_ids, mask) * dr_grpo_advantages(rewards, group_ids, mask)
 
 
 def broadcast_to_tokens(advantages_b: jax.Array, response_mask_bt: jax.Array) -> jax.Array:
