@@ -6,17 +6,21 @@ rewarded by how many of its rubrics are valid, so the rubrics evolve with the re
 For each step (P questions, N = sampling.n reasoner rollouts each; section 4, Algorithm 1, Figure 4):
   1. sample N reasoner rollouts (C_n, A_n) per question Q                 base.sample_groups (Task.prompt)
   2. z_n = I(A, A_n), the task's verifier                                  Task.is_correct
-  3. one rubricator rollout R_m ~ pi(. | Q, C_m) for each of the first     Task.rubricator_prompt,
-     M of the question's N rollouts (M = N: one per reasoner rollout;      base.sample_groups (n = 1, stream 1)
-     the rollouts are i.i.d., so the first M are a uniform subset)
-  4. parse R_m into K_m rubrics tau_k = (c_k, s_k); a failure has no       Task.parse_generated_rubric
-     rubric and format reward 0 (eq 11)
-  5. the verifier judges the question's K = sum_m K_m rubrics on each of   Judge.judge, one call for the step
-     its N rollouts: v_kn in {0, 1} (one request per reasoner rollout,
-     the K rubrics flattened into one list)
-  6. tau_k valid iff corr(v_k, z) > alpha and std(v_k) > 0 over the        core.rubric_validity.rlcer_rubric_validity
-     question's rollouts (eq 7; Pearson; a rollout whose judgement
-     failed takes no part)
+  3. one rubricator rollout R_m ~ pi(. | Q, C_m) for each of the first     rubricator_io: the paper's prompt
+     M of the question's N rollouts (M = N: one per reasoner rollout;      (Figure 9) or Task.rubricator_prompt;
+     the rollouts are i.i.d., so the first M are a uniform subset)         base.sample_groups (n = 1, stream 1)
+  4. parse R_m into K_m rubrics tau_k = (c_k, s_k); a failure has no       rubricator_io: parsing.
+     rubric and format reward 0 (eq 11; with the paper's format: also      parse_rlcer_rubricator (check_scores)
+     max / min = the sums of the points and min <= current_score <         or Task.parse_generated_rubric
+     (max + min) / 2, Appendix B)
+  5. the verifier judges each rubricator's list R_m on each of the         judge_rubrics, one Judge.judge call
+     question's N rollouts: v_kn in {0, 1} (one request per (rollout,      for the step
+     list), N * M per question: the verifier was distilled on one list
+     at a time; "pooled": one request per rollout with all K lists)
+  6. tau_k valid iff corr(u_k, z) > alpha and std(v_k) > 0 over the        core.rubric_validity.
+     question's rollouts (eq 7; Pearson; u_k = v_k for a reward rubric,    rlcer_sign_aware_validity
+     1 - v_k for a penalty: penalty_validity below; a verdict whose
+     call failed takes no part)
   7. reasoner: r_n = r_outcome (+1 / -1, eq 8) + r_cot (eq 6: min-max      core.rewards.rlcer_outcome_reward,
      normalised points of the question's valid rubrics that C_n meets)     core.rubric_validity.rlcer_cot_reward
      optional: DAPO's overlong penalty (Appendix A's "overlong buffer")    core.rewards.dapo_overlong_shaping
@@ -35,17 +39,32 @@ Ablations (section 5):
   out of the update (rubrics still generated and used).
 
 Conventions:
-- Penalty rubrics (negative points): the verifier's v_k = 1 means the flaw is present (Figure 10), and eq 7 as
-  written validates a rubric by corr(v_k, z), so a penalty rubric is valid when its flaw comes with right
-  answers. penalty_validity "as_written" (the default) follows the text; "flaw_absent" validates a penalty rubric
-  by corr(1 - v_k, z) (its points count against the CoT when the flaw comes with wrong answers), the reading in
-  which every valid rubric's contribution to the CoT reward agrees with correctness. The CoT reward (eq 6) uses
-  v_k either way; "rlcer/corr_mean" reports the correlation that validity thresholds.
+- Penalty rubrics (negative points): the verifier's v_k = 1 means the flaw is present (Figure 10). Eq 7 as
+  written validates a rubric by corr(v_k, z), which makes a penalty rubric valid when its flaw comes with right
+  answers: every useful penalty ("a step states a wrong result") is invalid, and every valid one lowers the CoT
+  reward of right answers. penalty_validity "flaw_absent" (the default) validates a penalty rubric by
+  corr(1 - v_k, z) = corr(sign(s_k) v_k, z): valid when its flaw comes with wrong answers, the reading in which
+  "satisfying the rubric aligns with producing correct answers" (section 4.3) and every valid rubric's
+  contribution to eq 6's score agrees with correctness. "as_written" follows the text (the CPU comparison of
+  experiments/RESULTS.md ran under it: its rubricator learned to drop the "wrong result" penalty). The CoT
+  reward (eq 6) uses v_k either way; "rlcer/corr_mean" reports the correlation that validity thresholds.
+- Verifier calls: "per_list" (the default) asks the verifier about one rubricator's list per request (Figure 10
+  takes one rubric list; Appendix A's verifier was distilled on such calls), requests ordered (question, rollout,
+  list); "pooled" asks once per rollout with the question's K rubrics in one list. A failed request makes the
+  verdicts of its list (pooled: of every list) on that rollout unknown: they take no part in that rubric's
+  correlation (eq 7 over the rollouts whose verdict is known) nor in that rollout's CoT reward (eq 6 min-max
+  normalised over the valid rubrics it was judged on). A rollout none of whose requests succeeded is a failed
+  judgement (on_judge_failure).
 - Pooling: the CoT reward of a rollout uses the valid rubrics of all M rubricators of its question (Figure 4:
   "all the valid rubrics are collected"); a criterion two rubricators both wrote counts twice, as two rubrics.
-- Judge failures: the failed reasoner rollout takes no part in validity (its verdicts are unknown, not "unmet");
+- Judge failures: a failed judgement (above) takes no part in validity (its verdicts are unknown, not "unmet");
   on_judge_failure "zero_reward" gives it r_cot = 0 (its outcome term stays), "exclude" takes it out of its group
   and of the loss. A question without any parsed rubric has no valid rubric: r_cot = 0 for its rollouts.
+- Rubricator format: rubricator_format "task" uses the task's rubricator prompt and parser (the CPU rubric world
+  writes "+3 S1" lines and declares no score, so eq 11's current_score check has nothing to apply to there);
+  "paper" uses Figure 9's prompt and `parsing.parse_rlcer_rubricator` with the score check: an output whose
+  current_score is not below (max + min) / 2 fails the format ("inconsistent_scores"): format reward 0 and, as
+  for any format failure, no rubric (the paper does not say whether such rubrics still count).
 - Batch rows: the reasoner's P * N rows (prompt-major, N per question), then the rubricator's P * M rows
   (prompt-major, M per question), in one batch whose prompt region is the rubricator's wider one.
 - Metrics: "reward/*", "advantage/*", "response/*", "outcome/accuracy" are the reasoner's (comparable with the
@@ -55,13 +74,13 @@ Conventions:
   "rlcer/rubricator_format_rate", "rlcer/rubric_count_mean" (per parsed output), "rlcer/no_valid_rubric_fraction"
   (questions), "rlcer/proposed/<name>" (fraction of parsed outputs proposing a named criterion) and
   "rlcer/valid/<name>" (fraction of its proposals found valid), "rlcer/parse_failed/<reason>" (counts),
-  "judge/failure_rate" and "judge/failed/<reason>" (over the verifier's requests).
+  "judge/failure_rate" and "judge/failed/<reason>" (over the verifier's requests, i.e. calls).
 """
 
 import collections
 import dataclasses
 import functools
-from typing import Any, Literal, NamedTuple, Optional, Sequence
+from typing import Any, Callable, Literal, NamedTuple, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -71,6 +90,7 @@ from rubric_jax.algorithms import base
 from rubric_jax.algorithms.registry import register
 from rubric_jax.core import advantages, rewards, roles, rubric_validity
 from rubric_jax.judges.base import JudgeRequest, Verdicts
+from rubric_jax.rubrics import parsing, prompts
 from rubric_jax.rubrics.parsing import FailurePolicy, RubricParse
 from rubric_jax.rubrics.schema import Rubric, rubric_arrays
 from rubric_jax.rubrics.steps import split_steps
@@ -86,7 +106,8 @@ class RLCERConfig:
     None for one per reasoner rollout (the paper's); rubricator_max_new_tokens: the rubricator's length budget
     (None: the reasoner's); reasoner_reward / rubricator_training: the ablations (module docstring);
     reasoner_advantage / rubricator_advantage: "grpo" (per question) or "batch" (per role over the batch,
-    `core.roles.role_batch_advantages`); on_judge_failure and penalty_validity: module docstring;
+    `core.roles.role_batch_advantages`); on_judge_failure, penalty_validity, verifier_calls and
+    rubricator_format: module docstring;
     overlong_buffer: DAPO's soft overlong penalty on the reasoner's reward, a ramp to -1 over the last
     overlong_buffer tokens of its max_new_tokens (0: off; the paper's Table 3: 4096 of 12288); std_ddof / eps:
     the advantages' std (1: sample std) and epsilon. The policy loss defaults to the paper's (Table 3): PPO clip
@@ -102,7 +123,9 @@ class RLCERConfig:
     reasoner_advantage: Literal["grpo", "batch"] = "grpo"
     rubricator_advantage: Literal["batch", "grpo"] = "batch"
     on_judge_failure: Literal["zero_reward", "exclude"] = "zero_reward"
-    penalty_validity: Literal["as_written", "flaw_absent"] = "as_written"
+    penalty_validity: Literal["flaw_absent", "as_written"] = "flaw_absent"
+    verifier_calls: Literal["per_list", "pooled"] = "per_list"
+    rubricator_format: Literal["task", "paper"] = "task"
     overlong_buffer: int = 0
     std_ddof: int = 1
     eps: float = 1e-6
@@ -127,15 +150,17 @@ class RLCERConfig:
 class RubricTable(NamedTuple):
     """The rubrics of P questions, M rubricator outputs each, laid out on a flat axis of K = M * max_items slots
     (slot m * max_items + j is rubric j of output m): `parses` [P * M], `mask_pk` (the slot holds a rubric),
-    `points_pk` (its signed points), `names` [P][K] (criterion names, None for empty slots), and `rubrics` [P]:
-    each question's rubrics in slot order, the list the verifier judges (verdict column i is the i-th filled
-    slot)."""
+    `points_pk` (its signed points), `names` [P][K] (criterion names, None for empty slots), `lists` [P * M]:
+    each output's rubric (empty when it failed to parse), and `rubrics` [P]: each question's rubrics in slot
+    order (the pooled verifier call's list: verdict column i is the i-th filled slot)."""
 
     parses: list[RubricParse]
     mask_pk: np.ndarray
     points_pk: np.ndarray
     names: list[list[Optional[str]]]
+    lists: list[Rubric]
     rubrics: list[Rubric]
+    max_items: int
 
 
 def rubric_table(parses: Sequence[RubricParse], num_questions: int, max_items: int) -> RubricTable:
@@ -155,41 +180,60 @@ def rubric_table(parses: Sequence[RubricParse], num_questions: int, max_items: i
         template = next((r for r in parsed[q * per_question:(q + 1) * per_question] if r.criteria), Rubric())
         rubrics.append(dataclasses.replace(template, criteria=tuple(criteria)))
     return RubricTable(parses=list(parses), mask_pk=items.item_mask_bk.reshape(shape),
-                       points_pk=items.item_weight_bk.reshape(shape), names=names, rubrics=rubrics)
+                       points_pk=items.item_weight_bk.reshape(shape), names=names, lists=parsed, rubrics=rubrics,
+                       max_items=max_items)
+
+
+class Judgements(NamedTuple):
+    """Step 5's verdicts: v_pkn [P, K, N] (0 in empty slots and where the request failed), known_pkn (the verdict
+    of slot k on rollout n came back from a request that did not fail), judged_pn [P, N] (some request about the
+    rollout succeeded, or none was made: a question without rubrics asks nothing) and the verifier's Verdicts,
+    one row per request (None when no question has a rubric)."""
+
+    v_pkn: np.ndarray
+    known_pkn: np.ndarray
+    judged_pn: np.ndarray
+    verdicts: Optional[Verdicts]
 
 
 def judge_rubrics(examples: Sequence[Any], reasoner: base.Rollouts, table: RubricTable,
-                  context: base.RolloutContext) -> tuple[np.ndarray, np.ndarray, Optional[Verdicts]]:
-    """Step 5: v [P, K, N] (0 in empty slots and on failed rollouts), judged [P, N] (the rollout's judgement did
-    not fail; the rollouts of a question without rubrics count as judged: nothing was asked of the verifier) and
-    the verifier's Verdicts (None when no question has a rubric). One judge call, one request per reasoner
-    rollout of a question with rubrics."""
+                  context: base.RolloutContext, calls: str) -> Judgements:
+    """Step 5 in one judge call: for each reasoner rollout (prompt-major), one request per parsed rubric list of
+    its question ("per_list", in output order) or one request with the question's pooled list ("pooled")."""
     num_questions, num_slots = table.mask_pk.shape
     num_rollouts = len(reasoner.samples) // num_questions
+    per_question = len(table.lists) // num_questions
+    requests, targets = [], []
+    for b, sample in enumerate(reasoner.samples):
+        q, text = sample.prompt_index, reasoner.texts[b]
+        if calls == "pooled":
+            lists = [(table.rubrics[q], np.flatnonzero(table.mask_pk[q]))]
+        else:
+            lists = [(rubric, m * table.max_items + np.arange(len(rubric.criteria)))
+                     for m, rubric in enumerate(table.lists[q * per_question:(q + 1) * per_question])]
+        for rubric, slots in lists:
+            if rubric.criteria:
+                requests.append(JudgeRequest(question=context.task.question(examples[q]), response=text,
+                                             rubric=rubric, reference=context.task.reference(examples[q]),
+                                             num_steps=len(split_steps(text))))
+                targets.append((q, b % num_rollouts, slots))
     v_pkn = np.zeros((num_questions, num_slots, num_rollouts), np.float32)
-    judged_pn = np.ones((num_questions, num_rollouts), bool)
-    rows = [b for b, s in enumerate(reasoner.samples) if table.rubrics[s.prompt_index].criteria]
-    if not rows:
-        return v_pkn, judged_pn, None
-    requests = []
-    for b in rows:
-        q, text = reasoner.samples[b].prompt_index, reasoner.texts[b]
-        requests.append(JudgeRequest(question=context.task.question(examples[q]), response=text,
-                                     rubric=table.rubrics[q], reference=context.task.reference(examples[q]),
-                                     num_steps=len(split_steps(text))))
+    asked_pkn, known_pkn = np.zeros(v_pkn.shape, bool), np.zeros(v_pkn.shape, bool)
+    if not requests:
+        return Judgements(v_pkn, known_pkn, np.ones((num_questions, num_rollouts), bool), None)
     with context.timer.phase("judging"):
-        verdicts = context.judge.judge(requests, num_slots)
-    for i, b in enumerate(rows):
-        q, n = reasoner.samples[b].prompt_index, b % num_rollouts
-        slots = np.flatnonzero(table.mask_pk[q])
+        verdicts = context.judge.judge(requests, max(len(slots) for _, _, slots in targets))
+    for i, (q, n, slots) in enumerate(targets):
         v_pkn[q, slots, n] = verdicts.satisfied_bk[i, :len(slots)]
-        judged_pn[q, n] = not verdicts.failed_b[i]
-    return v_pkn, judged_pn, verdicts
+        asked_pkn[q, slots, n] = True
+        known_pkn[q, slots, n] = not verdicts.failed_b[i]
+    return Judgements(v_pkn, known_pkn, ~asked_pkn.any(axis=1) | known_pkn.any(axis=1), verdicts)
 
 
 class QuestionScores(NamedTuple):
-    """Steps 6-7 per question: valid_pk (eq 7), corr_pk and corr_defined_pk (corr(v_k, z), defined when both
-    vary over the judged rollouts), cot_pn (eq 6; 0 for a rollout whose judgement failed)."""
+    """Steps 6-7 per question: valid_pk (eq 7), corr_pk and corr_defined_pk (the correlation eq 7 thresholds,
+    defined when both vary over the rollouts with known verdicts), cot_pn (eq 6 over the valid rubrics with known
+    verdicts; 0 for a rollout with none)."""
 
     valid_pk: jax.Array
     corr_pk: jax.Array
@@ -198,17 +242,21 @@ class QuestionScores(NamedTuple):
 
 
 @functools.partial(jax.jit, static_argnames=("alpha", "flaw_absent"))
-def question_scores(v_pkn: jax.Array, z_pn: jax.Array, judged_pn: jax.Array, mask_pk: jax.Array,
-                    points_pk: jax.Array, *, alpha: float, flaw_absent: bool = False) -> QuestionScores:
+def question_scores(v_pkn: jax.Array, z_pn: jax.Array, known_pkn: jax.Array, mask_pk: jax.Array,
+                    points_pk: jax.Array, *, alpha: float, flaw_absent: bool = True) -> QuestionScores:
     """Steps 6-7 of the module docstring for P questions at once (the core functions vmapped over questions);
-    `flaw_absent`: validate penalty rubrics by 1 - v_k (penalty_validity, module docstring)."""
-    u_pkn = jnp.where(points_pk[..., None] < 0, 1 - v_pkn, v_pkn) if flaw_absent else v_pkn
-    validity = functools.partial(rubric_validity.rlcer_rubric_validity, alpha=alpha)
-    valid_pk = jax.vmap(validity)(u_pkn, z_pn, mask_pk, judged_pn)
-    corr = jax.vmap(rubric_validity.masked_pearson)(u_pkn, z_pn, judged_pn)
-    cot_pn = jax.vmap(rubric_validity.rlcer_cot_reward)(v_pkn, points_pk, valid_pk)
-    return QuestionScores(valid_pk=valid_pk, corr_pk=corr.value, corr_defined_pk=corr.defined,
-                          cot_pn=jnp.where(judged_pn, cot_pn, 0))
+    `flaw_absent`: validate penalty rubrics by the absence of their flaw (penalty_validity, module docstring)."""
+    if flaw_absent:
+        valid_pk = jax.vmap(functools.partial(rubric_validity.rlcer_sign_aware_validity, alpha=alpha))(
+            v_pkn, z_pn, points_pk, mask_pk, known_pkn)
+        u_pkn = jax.vmap(rubric_validity.rlcer_merit_indicator)(v_pkn, points_pk)
+    else:
+        valid_pk = jax.vmap(functools.partial(rubric_validity.rlcer_rubric_validity, alpha=alpha))(
+            v_pkn, z_pn, mask_pk, known_pkn)
+        u_pkn = v_pkn
+    corr = jax.vmap(rubric_validity.masked_pearson)(u_pkn, z_pn, known_pkn)
+    cot_pn = jax.vmap(rubric_validity.rlcer_cot_reward)(v_pkn, points_pk, valid_pk, known_pkn)
+    return QuestionScores(valid_pk=valid_pk, corr_pk=corr.value, corr_defined_pk=corr.defined, cot_pn=cot_pn)
 
 
 def role_advantages(reward_b: np.ndarray, role_ids: np.ndarray, group_ids: np.ndarray, valid_b: np.ndarray,
@@ -284,6 +332,16 @@ def rlcer_metrics(table: RubricTable, scores: QuestionScores, judged_pn: np.ndar
     return metrics
 
 
+def rubricator_io(task: Any, config: RLCERConfig) -> tuple[Callable, Callable]:
+    """Steps 3-4's (prompt(example, cot) -> messages, parse(text) -> RubricParse) under config.rubricator_format:
+    Figure 9's prompt with `parsing.parse_rlcer_rubricator` (its score check on: eq 11 with Appendix B's
+    current_score < (max + min) / 2), or the task's own."""
+    if config.rubricator_format == "paper":
+        return (lambda example, cot: prompts.rubricator_prompt(task.question(example), cot),
+                functools.partial(parsing.parse_rlcer_rubricator, max_items=config.max_items, check_scores=True))
+    return task.rubricator_prompt, functools.partial(task.parse_generated_rubric, max_items=config.max_items)
+
+
 def _trained_batch(rollouts: base.Rollouts, advantage_b: np.ndarray, trained_b: np.ndarray) -> dict[str, np.ndarray]:
     """The rollouts' learner arrays with the untrained rows' response masks off and the advantages on the tokens."""
     batch = dict(rollouts.batch)
@@ -320,16 +378,19 @@ class RLCER(base.Algorithm):
         read = [b for b in range(len(reasoner.samples)) if b % num_rollouts < per_question]
         sampling = dataclasses.replace(context.sampling, n=1, max_new_tokens=(
             config.rubricator_max_new_tokens or context.sampling.max_new_tokens))
+        prompt_fn, parse_fn = rubricator_io(task, config)
         rubricator = base.sample_groups(
-            [task.rubricator_prompt(examples[reasoner.samples[b].prompt_index], reasoner.texts[b]) for b in read],
+            [prompt_fn(examples[reasoner.samples[b].prompt_index], reasoner.texts[b]) for b in read],
             dataclasses.replace(context, sampling=sampling), step, stream=RUBRICATOR_STREAM)
-        table = rubric_table([task.parse_generated_rubric(text, config.max_items) for text in rubricator.texts],
-                             num_questions, config.max_items)
+        table = rubric_table([parse_fn(text) for text in rubricator.texts], num_questions, config.max_items)
         # 5-7: the verifier, validity, the reasoner's reward.
-        v_pkn, judged_pn, verdicts = judge_rubrics(examples, reasoner, table, context)
-        scores = question_scores(jnp.asarray(v_pkn), jnp.asarray(correct_b.reshape(num_questions, num_rollouts)),
-                                 jnp.asarray(judged_pn), jnp.asarray(table.mask_pk), jnp.asarray(table.points_pk),
-                                 alpha=config.alpha, flaw_absent=config.penalty_validity == "flaw_absent")
+        judgements = judge_rubrics(examples, reasoner, table, context, config.verifier_calls)
+        judged_pn = judgements.judged_pn
+        scores = question_scores(jnp.asarray(judgements.v_pkn),
+                                 jnp.asarray(correct_b.reshape(num_questions, num_rollouts)),
+                                 jnp.asarray(judgements.known_pkn), jnp.asarray(table.mask_pk),
+                                 jnp.asarray(table.points_pk), alpha=config.alpha,
+                                 flaw_absent=config.penalty_validity == "flaw_absent")
         cot_b = np.asarray(scores.cot_pn).reshape(-1)
         reasoner_reward_b = reasoner_rewards(correct_b, cot_b, config.reasoner_reward,
                                              np.random.default_rng([context.seed, step, RANDOM_REWARD_STREAM]))
@@ -367,7 +428,7 @@ class RLCER(base.Algorithm):
             **base.summary_stats("rubricator/reward", rubricator_reward_m),
             **base.summary_stats("rubricator/advantage", rubricator_advantage_m, rubricator_trained_m),
             **base.rollout_metrics(reasoner, correct_b),
-            **rlcer_metrics(table, scores, judged_pn, verdicts),
+            **rlcer_metrics(table, scores, judged_pn, judgements.verdicts),
             "rubricator/length_mean": float(rubricator_lengths.mean()),
             "rubricator/truncated_fraction": float(np.mean([s.finish_reason == "length"
                                                             for s in rubricator.samples])),

@@ -5,6 +5,7 @@ says; judge failures, unparsable and empty rubrics counted, never NaN; one train
 train_rl."""
 
 import dataclasses
+import json
 import math
 import zlib
 
@@ -18,10 +19,12 @@ from rubric_jax.algorithms.base import RolloutContext
 from rubric_jax.algorithms.rlcer import RLCER, RLCERConfig, question_scores, role_advantages
 from rubric_jax.algorithms.rlcer_eval import hint_evaluation, hint_lines
 from rubric_jax.data import arithmetic
+from rubric_jax.data.rubric_world import rubric_text
 from rubric_jax.data.tasks import RubricWorldTask, build_task
 from rubric_jax.inference.engine import RolloutEngine, Sample, SamplingParams
 from rubric_jax.judges.base import Judge
 from rubric_jax.judges.programmatic import ProgrammaticJudge, RegexCheck
+from rubric_jax.rubrics import prompts
 from rubric_jax.rubrics.parsing import RubricParse
 from rubric_jax.rubrics.schema import Criterion, Rubric
 from rubric_jax.rubrics.steps import response_text
@@ -48,15 +51,17 @@ REASONER_TEXTS = {PROBLEM_A.question: [GOLD_A, REPEATED_A, WRONG_A, GUESS_A], PR
 # The rubric each CoT's rubricator writes ("nonsense" does not parse).
 RUBRICATOR_TEXTS = {GOLD_A: "+3 S1\n-3 WS", REPEATED_A: "+1 BX\n+1 EV", WRONG_A: "nonsense", GUESS_A: "+2 FM\n-3 RP",
                     GOLD_B: "+3 S1"}
-# Question A, z = [1, 1, 0, 0] and the world verifier's verdicts v_k on the four CoTs:
-#   S1 [1,1,0,0] corr 1 valid | WS [0,0,1,0] corr -0.58 | BX [1,1,1,1] std 0 | EV [1,1,1,0] corr 0.58 valid
-#   FM [1,0,1,0] corr 0       | RP [0,1,0,0] corr 0.58 valid (a penalty whose flaw came with a right answer)
-# valid points +3, +1, -3: min -3, max 4; r_cot = (x + 3) / 7 with x = 4, 1, 1, 0.
-COT_A = np.array([7, 4, 4, 3]) / 7
+# Question A, z = [1, 1, 0, 0] and the world verifier's verdicts v_k on the four CoTs; penalties (WS, RP) are
+# validated by the absence of their flaw, u = 1 - v (the default penalty_validity):
+#   S1 [1,1,0,0] corr 1 valid | WS [0,0,1,0], u [1,1,0,1] corr 0.58 valid | BX [1,1,1,1] std 0
+#   EV [1,1,1,0] corr 0.58 valid | FM [1,0,1,0] corr 0 | RP [0,1,0,0], u [1,0,1,1] corr -0.58 (a flaw that came
+#   with a right answer)
+# valid points +3, -3, +1: min -3, max 4; r_cot = (x + 3) / 7 with x = 4, 4, -2, 0.
+COT_A = np.array([7, 7, 1, 3]) / 7
 # Question B: every answer right, z has no variance, so no rubric is valid and r_cot = 0.
 REASONER_REWARD = np.concatenate([np.array([1, 1, -1, -1]) + COT_A, [1, 1, 1, 1]])
-# Rubricators: K_valid / K + format: S1 WS 1/2 + 1, BX EV 1/2 + 1, unparsable 0, FM RP 1/2 + 1; B's S1 0 + 1.
-RUBRICATOR_REWARD = np.array([1.5, 1.5, 0, 1.5, 1, 1, 1, 1])
+# Rubricators: K_valid / K + format: S1 WS 2/2 + 1, BX EV 1/2 + 1, unparsable 0, FM RP 0 + 1; B's S1 0 + 1.
+RUBRICATOR_REWARD = np.array([2, 1.5, 0, 1, 1, 1, 1, 1])
 
 
 class ScriptedEngine(RolloutEngine):
@@ -93,8 +98,8 @@ def world_script(rubrics):
     return script
 
 
-def failing_on(marker: str, checks: dict) -> ProgrammaticJudge:
-    """A judge of `checks` in which every check raises on responses containing `marker`."""
+def failing_on(marker: str, checks: dict, names=None) -> ProgrammaticJudge:
+    """A judge of `checks` in which every check (of `names`; None: all) raises on responses containing `marker`."""
     def failing(check):
         def run(response, request):
             if marker in response:
@@ -102,12 +107,23 @@ def failing_on(marker: str, checks: dict) -> ProgrammaticJudge:
             return check(response, request)
         return run
 
-    return ProgrammaticJudge({name: failing(check) for name, check in checks.items()})
+    return ProgrammaticJudge({name: failing(check) if names is None or name in names else check
+                              for name, check in checks.items()})
 
 
-def world_step(config=RLCERConfig(), *, judge=None, rubrics=RUBRICATOR_TEXTS):
+class RecordingJudge(Judge):
+    def __init__(self, inner):
+        self.inner, self.calls = inner, []
+
+    def judge(self, requests, max_items):
+        verdicts = self.inner.judge(requests, max_items)
+        self.calls.append((list(requests), verdicts))
+        return verdicts
+
+
+def world_step(config=RLCERConfig(), *, judge=None, rubrics=RUBRICATOR_TEXTS, tokenizer=None):
     task = build_task("arithmetic_rubrics", {}, 0)
-    tokenizer = task.tokenizer()
+    tokenizer = tokenizer or task.tokenizer()
     engine = ScriptedEngine(tokenizer, world_script(rubrics))
     context = RolloutContext(engine=engine, tokenizer=tokenizer, task=task, judge=judge or task.judge(), pad_id=0,
                              seed=0, sampling=SamplingParams(max_new_tokens=64, n=4), timer=PhaseTimer())
@@ -146,12 +162,12 @@ def test_a_world_step_by_hand():
     assert metrics["rlcer/cot_reward_mean"] == pytest.approx(COT_A.sum() / 8, abs=1e-6)
     assert metrics["rlcer/rubricator_format_rate"] == 7 / 8 and metrics["rlcer/parse_failed/schema"] == 1
     assert metrics["rlcer/rubric_count_mean"] == pytest.approx(10 / 7)
-    assert metrics["rlcer/valid_fraction"] == pytest.approx(1.5 / 7)  # three halves and four zeros
-    # corr over the rubrics whose correlation is defined: A's WS, EV, FM, RP, S1 (BX is constant; B's z is).
-    assert metrics["rlcer/corr_mean"] == pytest.approx((1 - 1 / 3**0.5 + 1 / 3**0.5 + 0 + 1 / 3**0.5) / 5, abs=1e-6)
+    assert metrics["rlcer/valid_fraction"] == pytest.approx(1.5 / 7)  # a whole, a half and five zeros
+    # corr(u_k, z) over the rubrics whose correlation is defined: A's S1, WS, EV, FM, RP (BX is constant; B's z is).
+    assert metrics["rlcer/corr_mean"] == pytest.approx((1 + 1 / 3**0.5 + 1 / 3**0.5 + 0 - 1 / 3**0.5) / 5, abs=1e-6)
     assert metrics["rlcer/no_valid_rubric_fraction"] == 0.5
     assert metrics["rlcer/proposed/S1"] == 5 / 7 and metrics["rlcer/valid/S1"] == 1 / 5
-    assert metrics["rlcer/valid/RP"] == 1 and metrics["rlcer/valid/BX"] == 0
+    assert metrics["rlcer/valid/WS"] == 1 and metrics["rlcer/valid/RP"] == 0 and metrics["rlcer/valid/BX"] == 0
     assert metrics["judge/failure_rate"] == 0 and metrics["outcome/accuracy"] == 6 / 8
     # The rubricator sampled one output per CoT, with the reasoner's budget (no rubricator budget configured).
     assert [(p.n, p.max_new_tokens) for _, p in engine.calls] == [(4, 64), (1, 64)]
@@ -160,10 +176,9 @@ def test_a_world_step_by_hand():
 
 def test_fewer_rubricators_read_the_first_cots_of_each_question():
     result, engine = world_step(RLCERConfig(rubricators_per_question=2, rubricator_max_new_tokens=24))
-    # A's rubrics come from the gold and repeated CoTs: S1 and EV valid (+3, +1), r_cot = x / 4.
-    cot = np.array([4, 4, 1, 0]) / 4
-    reasoner = np.concatenate([np.array([1, 1, -1, -1]) + cot, [1, 1, 1, 1]])
-    rubricator = np.array([1.5, 1.5, 1, 1])
+    # A's rubrics come from the gold and repeated CoTs: S1, WS and EV valid (+3, -3, +1), as with all four.
+    reasoner = np.concatenate([np.array([1, 1, -1, -1]) + COT_A, [1, 1, 1, 1]])
+    rubricator = np.array([2, 1.5, 1, 1])
     assert_row_advantages(result.batch, np.concatenate([numpy_grpo(reasoner, 4),
                                                         numpy_batch_normalised(rubricator, np.ones(4, bool))]))
     assert engine.calls[1][1] == SamplingParams(max_new_tokens=24, n=1, seed=engine.calls[1][1].seed)
@@ -178,16 +193,17 @@ def test_alpha_decides_validity():
     assert strict.metrics["rlcer/valid_fraction"] == pytest.approx(0.5 / 7)
 
 
-def test_penalty_rubrics_validated_by_the_absence_of_their_flaw():
-    absent, _ = world_step(RLCERConfig(penalty_validity="flaw_absent"))
-    # 1 - v: WS [1,1,0,1] corr 0.58 becomes valid, RP [1,0,1,1] corr -0.58 invalid. Valid: S1 +3, WS -3, EV +1
-    # (min -3, max 4); x = 4, 4, -2, 0 -> r_cot = 7/7, 7/7, 1/7, 3/7.
-    reasoner = np.concatenate([np.array([1, 1, -1, -1]) + np.array([7, 7, 1, 3]) / 7, [1, 1, 1, 1]])
-    rubricator = np.array([2, 1.5, 0, 1, 1, 1, 1, 1])  # S1 WS both valid; BX EV half; FM RP none
-    assert_row_advantages(absent.batch, np.concatenate([numpy_grpo(reasoner, 4),
-                                                        numpy_batch_normalised(rubricator, np.ones(8, bool))]))
-    assert absent.metrics["rlcer/corr_mean"] == pytest.approx((1 + 1 / 3**0.5 + 1 / 3**0.5 + 0 - 1 / 3**0.5) / 5,
-                                                              abs=1e-6)
+def test_penalty_rubrics_validated_as_eq_7_is_written():
+    written, _ = world_step(RLCERConfig(penalty_validity="as_written"))
+    # v itself: WS [0,0,1,0] corr -0.58 invalid (the useful "wrong result" penalty), RP [0,1,0,0] corr 0.58 valid
+    # (a flaw that came with a right answer). Valid: S1 +3, EV +1, RP -3 (min -3, max 4); x = 4, 1, 1, 0.
+    reasoner = np.concatenate([np.array([1, 1, -1, -1]) + np.array([7, 4, 4, 3]) / 7, [1, 1, 1, 1]])
+    rubricator = np.array([1.5, 1.5, 0, 1.5, 1, 1, 1, 1])  # S1 WS half; BX EV half; FM RP half
+    assert_row_advantages(written.batch, np.concatenate([numpy_grpo(reasoner, 4),
+                                                         numpy_batch_normalised(rubricator, np.ones(8, bool))]))
+    assert written.metrics["rlcer/corr_mean"] == pytest.approx((1 - 1 / 3**0.5 + 1 / 3**0.5 + 0 + 1 / 3**0.5) / 5,
+                                                               abs=1e-6)
+    assert written.metrics["rlcer/valid/WS"] == 0 and written.metrics["rlcer/valid/RP"] == 1
 
 
 # ---------------------------------------------------------------- ablations
@@ -266,17 +282,100 @@ def test_a_failed_judgement_is_counted_and_its_rollout_takes_no_part_in_validity
     wrong_a_fails = failing_on("16", WORLD_CHECKS)
     result, _ = world_step(RLCERConfig(on_judge_failure=policy_name), judge=wrong_a_fails)
     metrics = result.metrics
-    assert metrics["judge/failure_rate"] == 1 / 8 and metrics["judge/failed/check_raised"] == 1
+    # 28 requests (A: 4 rollouts x 3 parsed lists, B: 4 x 4); WRONG_A's three failed.
+    assert metrics["judge/failure_rate"] == 3 / 28 and metrics["judge/failed/check_raised"] == 3
     # Without WRONG_A, z = [1, 1, 0] over GOLD, REPEATED, GUESS: S1 [1,1,0] corr 1, WS constant, BX constant,
-    # EV [1,1,0] corr 1, FM [1,0,0] corr 0.5, RP [0,1,0] corr 0.5: valid S1 +3, EV +1, FM +2, RP -3 (min -3, max 6).
-    cot = np.array([(6 + 3) / 9, (4 - 3 + 3) / 9, 0, 3 / 9])
+    # EV [1,1,0] corr 1, FM [1,0,0] corr 0.5, RP u = [1,0,1] corr -0.5: valid S1 +3, EV +1, FM +2 (min 0, max 6).
+    cot = np.array([6 / 6, 4 / 6, 0, 0])
     valid = np.array([True, True, policy_name == "zero_reward", True] + [True] * 4)
     reasoner = np.concatenate([np.array([1, 1, -1, -1]) + cot, [1, 1, 1, 1]])
-    rubricator = np.array([1.5, 1.5, 0, 2, 1, 1, 1, 1])
+    rubricator = np.array([1.5, 1.5, 0, 1.5, 1, 1, 1, 1])
     expected = np.concatenate([numpy_grpo(reasoner, 4, valid), numpy_batch_normalised(rubricator, np.ones(8, bool))])
     assert_row_advantages(result.batch, expected)
     assert result.batch["response_mask_bt"][2].any() == (policy_name == "zero_reward")
     assert all(math.isfinite(v) for v in metrics.values())
+
+
+def test_the_verifier_judges_one_rubricator_list_per_request():
+    judge = RecordingJudge(build_task("arithmetic_rubrics", {}, 0).judge())
+    result, _ = world_step(judge=judge)
+    [(requests, _)] = judge.calls
+    # (question, rollout, list) order: A's 4 rollouts x its 3 parsed lists (WRONG_A's rubricator wrote none),
+    # then B's 4 rollouts x its 4 lists.
+    lists_a = [RUBRICATOR_TEXTS[cot] for cot in (GOLD_A, REPEATED_A, GUESS_A)]
+    expected = [(cot, rubric) for cot in REASONER_TEXTS[PROBLEM_A.question] for rubric in lists_a]
+    expected += [(GOLD_B, "+3 S1")] * 16
+    assert [(r.response, rubric_text(r.rubric.criteria)) for r in requests] == expected
+    assert {r.question for r in requests[:12]} == {PROBLEM_A.question}
+    # The pooled call (one request per rollout, every list of its question) gives the same step when none fails.
+    judge = RecordingJudge(build_task("arithmetic_rubrics", {}, 0).judge())
+    pooled, _ = world_step(RLCERConfig(verifier_calls="pooled"), judge=judge)
+    [(requests, _)] = judge.calls
+    assert [r.response for r in requests] == [*REASONER_TEXTS[PROBLEM_A.question], *REASONER_TEXTS[PROBLEM_B.question]]
+    assert rubric_text(requests[0].rubric.criteria) == "\n".join(lists_a)
+    np.testing.assert_array_equal(pooled.batch["advantages_bt"], result.batch["advantages_bt"])
+
+
+@pytest.mark.parametrize("policy_name", ["zero_reward", "exclude"])
+def test_a_failed_request_makes_its_list_unknown_for_that_rollout_only(policy_name):
+    # The checks of S1 and WS (GOLD_A's rubricator's list) raise on GUESS_A ("15"): that one request fails.
+    judge = failing_on("15", WORLD_CHECKS, names={"S1", "WS"})
+    result, _ = world_step(RLCERConfig(on_judge_failure=policy_name), judge=judge)
+    assert result.metrics["judge/failure_rate"] == 1 / 28 and result.metrics["judge/failed/check_raised"] == 1
+    # S1 and WS are correlated over GOLD, REPEATED, WRONG (z = [1, 1, 0]): S1 [1,1,0], WS u = [1,1,0], both
+    # valid; EV, FM, RP over all four as in the step by hand. Valid S1 +3, WS -3, EV +1, as there; GUESS_A is
+    # scored on EV alone (min 0, max 1, unmet): r_cot 0 instead of 3/7. It is judged: no exclusion.
+    reasoner = np.concatenate([np.array([1, 1, -1, -1]) + np.array([1, 1, 1 / 7, 0]), [1, 1, 1, 1]])
+    assert_row_advantages(result.batch, np.concatenate([
+        numpy_grpo(reasoner, 4), numpy_batch_normalised(RUBRICATOR_REWARD, np.ones(8, bool))]))
+    # Pooled, the one request of GUESS_A fails: every verdict on it is unknown, a failed judgement. Over GOLD,
+    # REPEATED, WRONG: S1 and WS valid, EV [1,1,1] constant: valid S1 +3, WS -3 (min -3, max 3): 1, 1, 0.
+    pooled, _ = world_step(RLCERConfig(on_judge_failure=policy_name, verifier_calls="pooled"), judge=judge)
+    assert pooled.metrics["judge/failure_rate"] == 1 / 8
+    reasoner = np.concatenate([np.array([1, 1, -1, -1]) + np.array([1, 1, 0, 0]), [1, 1, 1, 1]])
+    valid = np.array([True, True, True, policy_name == "zero_reward"] + [True] * 4)
+    rubricator = np.array([2, 1, 0, 1, 1, 1, 1, 1])
+    assert_row_advantages(pooled.batch, np.concatenate([numpy_grpo(reasoner, 4, valid),
+                                                        numpy_batch_normalised(rubricator, np.ones(8, bool))]))
+
+
+class ByTextJudge(Judge):
+    """The world's verifier for rubrics written in the paper's JSON, whose criterion text is a world code."""
+
+    def __init__(self):
+        self.inner = build_task("arithmetic_rubrics", {}, 0).judge()
+
+    def judge(self, requests, max_items):
+        named = [dataclasses.replace(r, rubric=dataclasses.replace(r.rubric, criteria=tuple(
+            dataclasses.replace(c, name=c.text) for c in r.rubric.criteria))) for r in requests]
+        return self.inner.judge(named, max_items)
+
+
+def paper_rubric(points: dict, **scores) -> str:
+    rubrics = [{"category": "Flow", "criterion": code, "points": p} for code, p in points.items()]
+    return json.dumps({"question_domain": "math/arithmetic", "rubrics": rubrics, **scores}, separators=(",", ":"))
+
+
+def test_the_papers_rubricator_format_needs_current_score_below_the_midpoint():
+    rubrics = {GOLD_A: paper_rubric({"S1": 3, "WS": -3}, maximum_score=3, minimum_score=-3, current_score=-1),
+               # current_score 1 is not below (2 + 0) / 2: format 0 (eq 11, Appendix B), no rubric
+               REPEATED_A: paper_rubric({"BX": 1, "EV": 1}, maximum_score=2, minimum_score=0, current_score=1),
+               WRONG_A: paper_rubric({"S1": 3}, maximum_score=3, minimum_score=0),  # no current_score
+               GUESS_A: paper_rubric({"FM": 2, "RP": -3}, maximum_score=2, minimum_score=-3, current_score=-1),
+               GOLD_B: paper_rubric({"S1": 3}, maximum_score=3, minimum_score=0, current_score=0)}
+    tokenizer = arithmetic.build_tokenizer()
+    tokenizer.add_tokens(["–"])  # Figure 9's "question–answer": one character beyond the world's ASCII
+    config = RLCERConfig(rubricator_format="paper", rubricator_max_new_tokens=256)
+    result, engine = world_step(config, judge=ByTextJudge(), rubrics=rubrics, tokenizer=tokenizer)
+    assert engine.calls[1][0][0] == prompts.rubricator_prompt(PROBLEM_A.question, GOLD_A)  # Figure 9
+    metrics = result.metrics
+    assert metrics["rlcer/parse_failed/inconsistent_scores"] == 1 and metrics["rlcer/parse_failed/schema"] == 1
+    assert metrics["rlcer/rubricator_format_rate"] == 6 / 8
+    # A's lists: S1 WS (both valid), FM RP (neither): valid S1 +3, WS -3 (min -3, max 3): x = 3, 3, -3, 0.
+    reasoner = np.concatenate([np.array([1, 1, -1, -1]) + np.array([1, 1, 0, 0.5]), [1, 1, 1, 1]])
+    rubricator = np.array([2, 0, 0, 1, 1, 1, 1, 1])
+    assert_row_advantages(result.batch, np.concatenate([numpy_grpo(reasoner, 4),
+                                                        numpy_batch_normalised(rubricator, np.ones(8, bool))]))
 
 
 def test_no_parsable_rubric_in_the_step_leaves_the_outcome_alone():
@@ -326,48 +425,55 @@ def test_hint_evaluation_asks_again_with_the_parsed_rubric_appended():
 # ---------------------------------------------------------------- NumPy references
 
 
-def numpy_question(v_kn, z_n, mask_k, points_k, judged_n, alpha=ALPHA):
-    """Eq 7 and eq 6 for one question, by loops: (valid_k, cot_n)."""
-    cols = np.flatnonzero(judged_n)
+def numpy_question(v_kn, z_n, mask_k, points_k, known_kn, alpha=ALPHA, flaw_absent=True):
+    """Eq 7 and eq 6 for one question, by loops: (valid_k, cot_n). known_kn [K, N]: the verdicts that came back."""
     valid = np.zeros(len(mask_k), bool)
     for k in range(len(mask_k)):
-        v, z = v_kn[k, cols].astype(np.float64), z_n[cols].astype(np.float64)
-        if mask_k[k] and v.std() > 0 and z.std() > 0:
-            valid[k] = np.corrcoef(v, z)[0, 1] > alpha
-    positive = sum(p for p, ok in zip(points_k, valid) if ok and p > 0)
-    negative = sum(p for p, ok in zip(points_k, valid) if ok and p < 0)
+        cols = np.flatnonzero(known_kn[k])
+        u = 1 - v_kn[k] if flaw_absent and points_k[k] < 0 else v_kn[k]
+        u, z = u[cols].astype(np.float64), z_n[cols].astype(np.float64)
+        if mask_k[k] and u.std() > 0 and z.std() > 0:
+            valid[k] = np.corrcoef(u, z)[0, 1] > alpha
     cot = np.zeros(len(z_n))
-    for n in cols:
+    for n in range(len(z_n)):
+        judged = [k for k in range(len(mask_k)) if valid[k] and known_kn[k, n]]
+        positive = sum(points_k[k] for k in judged if points_k[k] > 0)
+        negative = sum(points_k[k] for k in judged if points_k[k] < 0)
         if positive > negative:
-            score = sum(points_k[k] * v_kn[k, n] for k in range(len(mask_k)) if valid[k])
+            score = sum(points_k[k] * v_kn[k, n] for k in judged)
             cot[n] = (score - negative) / (positive - negative)
     return valid, cot
 
 
-@given(st.integers(0, 2**31 - 1), st.sampled_from([(3, 6, 5), (8, 6, 8), (4, 3, 4)]))
-def test_question_scores_match_numpy(seed, shape):
+@given(st.integers(0, 2**31 - 1), st.sampled_from([(3, 6, 5), (8, 6, 8), (4, 3, 4)]), st.booleans())
+def test_question_scores_match_numpy(seed, shape, flaw_absent):
     rng = np.random.default_rng(seed)
     num_questions, num_slots, num_rollouts = shape  # (8, _, 8): the CPU config's 8 prompts x 8 rollouts
     v = rng.integers(0, 2, (num_questions, num_slots, num_rollouts)).astype(np.float32)
     z = rng.random((num_questions, num_rollouts)) < 0.5
-    judged = rng.random((num_questions, num_rollouts)) < 0.8
+    # a failed rollout (every verdict unknown) and failed single requests (one rubric's verdict unknown)
+    known = (rng.random((num_questions, 1, num_rollouts)) < 0.85) & (rng.random(v.shape) < 0.9)
     mask = rng.random((num_questions, num_slots)) < 0.7
     points = np.where(mask, rng.choice([-5, -3, -1, 1, 2, 4, 5], (num_questions, num_slots)), 0).astype(np.float32)
-    v = np.where(mask[..., None], v, 0)
-    scores = question_scores(jnp.asarray(v), jnp.asarray(z), jnp.asarray(judged), jnp.asarray(mask),
-                             jnp.asarray(points), alpha=ALPHA)
+    v = np.where(mask[..., None] & known, v, 0)
+    scores = question_scores(jnp.asarray(v), jnp.asarray(z), jnp.asarray(known), jnp.asarray(mask),
+                             jnp.asarray(points), alpha=ALPHA, flaw_absent=flaw_absent)
     for q in range(num_questions):
-        if at_the_threshold(v[q], z[q], judged[q]):
+        if at_the_threshold(v[q], z[q], known[q], points[q] if flaw_absent else np.ones(num_slots)):
             continue  # corr == alpha exactly (e.g. 0.2 with 8 rollouts): float32 and float64 may round apart
-        valid, cot = numpy_question(v[q], z[q], mask[q], points[q], judged[q])
+        valid, cot = numpy_question(v[q], z[q], mask[q], points[q], known[q], flaw_absent=flaw_absent)
         np.testing.assert_array_equal(np.asarray(scores.valid_pk[q]), valid)
         np.testing.assert_allclose(np.asarray(scores.cot_pn[q]), cot, atol=1e-6)
 
 
-def at_the_threshold(v_kn, z_n, judged_n, alpha=ALPHA):
-    """Whether some rubric's correlation with z (float64) is within 1e-6 of alpha."""
-    v, z = v_kn[:, judged_n].astype(np.float64), z_n[judged_n].astype(np.float64)
-    return z.std() > 0 and any(row.std() > 0 and abs(np.corrcoef(row, z)[0, 1] - alpha) < 1e-6 for row in v)
+def at_the_threshold(v_kn, z_n, known_kn, points_k, alpha=ALPHA):
+    """Whether some rubric's correlation with z (float64, penalties as 1 - v) is within 1e-6 of alpha."""
+    for k in range(len(v_kn)):
+        row = (1 - v_kn[k] if points_k[k] < 0 else v_kn[k])[known_kn[k]].astype(np.float64)
+        z = z_n[known_kn[k]].astype(np.float64)
+        if z.std() > 0 and row.std() > 0 and abs(np.corrcoef(row, z)[0, 1] - alpha) < 1e-6:
+            return True
+    return False
 
 
 @given(st.integers(0, 2**31 - 1), st.sampled_from(["grpo", "batch"]), st.sampled_from(["grpo", "batch"]))
@@ -422,16 +528,6 @@ class HashedRubricTask(RubricWorldTask):
                                                         for code, p in zip(codes, points))), ok=True)
 
 
-class RecordingJudge(Judge):
-    def __init__(self, inner):
-        self.inner, self.calls = inner, []
-
-    def judge(self, requests, max_items):
-        verdicts = self.inner.judge(requests, max_items)
-        self.calls.append((list(requests), verdicts))
-        return verdicts
-
-
 class RecordingEngine(RolloutEngine):
     def __init__(self, inner):
         self.inner, self.calls, self.weight_version = inner, [], inner.weight_version
@@ -469,20 +565,24 @@ def test_an_embedded_step_matches_numpy_from_the_verdicts(hashed):
     parses = [task.parse_generated_rubric(response_text(tokenizer, s.output_ids), 4) for s in rubricator_samples]
     [(requests, verdicts)] = judge.calls
     reasoner, rubricator = np.zeros(12), np.zeros(12)
-    judged_rows = iter(range(len(requests)))
+    request_rows = iter(range(len(requests)))
     any_valid = False
     for q in range(3):
         rubrics = [p.rubric.criteria if p.ok else () for p in parses[4 * q:4 * q + 4]]
         criteria = [c for r in rubrics for c in r]
-        v, judged = np.zeros((len(criteria), 4)), np.ones(4, bool)
-        if criteria:
-            for n in range(4):
-                i = next(judged_rows)
-                assert requests[i].response == reasoner_texts[4 * q + n]
-                assert [c.name for c in requests[i].rubric.criteria] == [c.name for c in criteria]
-                v[:, n], judged[n] = verdicts.satisfied_bk[i, :len(criteria)], not verdicts.failed_b[i]
+        v, known = np.zeros((len(criteria), 4)), np.zeros((len(criteria), 4), bool)
+        for n in range(4):  # one request per (rollout, parsed list), in that order
+            start = 0
+            for rubric in rubrics:
+                if rubric:
+                    i = next(request_rows)
+                    assert requests[i].response == reasoner_texts[4 * q + n]
+                    assert requests[i].rubric.criteria == rubric
+                    v[start:start + len(rubric), n] = verdicts.satisfied_bk[i, :len(rubric)]
+                    known[start:start + len(rubric), n] = not verdicts.failed_b[i]
+                start += len(rubric)
         points = np.array([c.weight for c in criteria])
-        valid, cot = numpy_question(v, correct[4 * q:4 * q + 4], np.ones(len(criteria), bool), points, judged)
+        valid, cot = numpy_question(v, correct[4 * q:4 * q + 4], np.ones(len(criteria), bool), points, known)
         any_valid |= valid.any()
         reasoner[4 * q:4 * q + 4] = np.where(correct[4 * q:4 * q + 4], 1, -1) + cot
         start = 0
