@@ -190,11 +190,13 @@ def rlcer_verifier_format() -> RolloutFormat:
     )
 
 
-def rating_format() -> CriterionFormat:
-    """RGR-GRPO's judge (rgr_grpo.txt, eq 3): one call per criterion, `{"rating": 0|1}`; the request's
-    `reference` (a reference answer), when given, is shown to the judge."""
+def rating_format(show_reference: bool = False) -> CriterionFormat:
+    """RGR-GRPO's judge (rgr_grpo.txt, eq 3): one call per criterion, `{"rating": 0|1}`: does the response satisfy
+    the criterion given the question. As in eq 3 the judge sees no reference answer (the rubric was written from
+    it); show_reference=True also shows the request's `reference`."""
     return CriterionFormat(
-        messages=lambda r, k: prompts.criterion_judge_prompt(r.question, r.response, r.rubric.criteria[k], r.reference),
+        messages=lambda r, k: prompts.criterion_judge_prompt(r.question, r.response, r.rubric.criteria[k],
+                                                             r.reference if show_reference else None),
         schema=parsing.rating_schema,
         parse=parsing.parse_rating,
     )

@@ -21,7 +21,8 @@ from rubric_jax.data.arithmetic_rgr import ArithmeticRGRTask, refinement_message
 from rubric_jax.data.tasks import build_task
 from rubric_jax.inference.embedded import EmbeddedEngine
 from rubric_jax.inference.engine import RolloutEngine, Sample, SamplingParams
-from rubric_jax.judges.base import Judge, RolloutVerdict, Verdicts
+from rubric_jax.judges.base import Judge, JudgeRequest, RolloutVerdict, Verdicts
+from rubric_jax.judges.llm import rating_format
 from rubric_jax.judges.programmatic import ProgrammaticJudge, RegexCheck
 from rubric_jax.rubrics.schema import Criterion, ItemKind, Rubric
 from rubric_jax.training import policy
@@ -394,6 +395,16 @@ def test_refinement_at_test_time_reports_accuracy_before_and_after(tokenizer, cr
                        "refine/refined_fraction": 1.0 if refined_b else 0.5, "refine/judge_failure_rate": 0.0}
     # CARRIED_A keeps the plan, the chain and the format: it is refined on its three failed facts either way.
     assert engine.calls[1][0] == refinement_messages(A, CARRIED_A, rgr_rubric(A).criteria[1:4])
+
+
+def test_the_llm_judge_decides_each_criterion_given_the_question_alone():
+    """Eq 3: s_k(q, o) = 1 iff o satisfies d_k given q; the reference answer the rubric came from is not shown,
+    unless asked for."""
+    request = JudgeRequest(A.question, CARRIED_A, rgr_rubric(A), reference="GOLD SOLUTION")
+    hidden = rating_format().messages(request, 1)[-1]["content"]
+    shown = rating_format(show_reference=True).messages(request, 1)[-1]["content"]
+    assert A.question in hidden and CARRIED_A in hidden and rgr_rubric(A).criteria[1].text in hidden
+    assert "GOLD SOLUTION" not in hidden and "GOLD SOLUTION" in shown
 
 
 def test_config_validation_and_registration():
