@@ -59,7 +59,14 @@ class Task(Protocol):
 class RolloutContext:
     """What a recipe needs from the run: the engine, the tokenizer, the task, the judge, the sampling settings
     (`sampling.n` is the group size G), the run's seed, and a timer whose `phase(name)` contexts time generation
-    and judging."""
+    and judging.
+
+    max_prompt_tokens / prompt_truncation: the cap every `sample_groups` call applies to its prompts
+    (`truncate_prompt`; None: no cap). frozen_engine: an engine serving the initial weights that never receives
+    a weight update, for a role played by an unoptimised model (the trainer makes one when the recipe's
+    `needs_frozen_engine`). prompt_metrics: what `sample_groups` records about the prompts ("prompt/truncated",
+    summed over the calls; "prompt/length_max", tokens before truncation), shared by every copy of the context
+    (`dataclasses.replace`) and cleared by the trainer at each step."""
 
     engine: RolloutEngine
     tokenizer: Any
@@ -69,6 +76,10 @@ class RolloutContext:
     pad_id: int
     seed: int
     timer: Any
+    max_prompt_tokens: Optional[int] = None
+    prompt_truncation: Literal["error", "left", "right", "middle"] = "middle"
+    frozen_engine: Optional[RolloutEngine] = None
+    prompt_metrics: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -211,6 +222,11 @@ class Algorithm(abc.ABC):
         """Whether the learner must keep the frozen initial policy (for a KL penalty)."""
         return self.policy_loss.kl_coef > 0
 
+    @property
+    def needs_frozen_engine(self) -> bool:
+        """Whether a role samples from the frozen initial policy (`RolloutContext.frozen_engine`)."""
+        return False
+
     def state_dict(self) -> dict[str, Any]:
         """State that persists across steps (a rubric memory pool, ...), JSON-serialisable; saved in checkpoints."""
         return {}
@@ -242,19 +258,59 @@ def padded_prompt_width(prompt_ids: Sequence[Sequence[int]]) -> int:
     return -(-max(len(ids) for ids in prompt_ids) // PROMPT_WIDTH_MULTIPLE) * PROMPT_WIDTH_MULTIPLE
 
 
+def truncate_prompt(ids: Sequence[int], max_tokens: int, mode: Literal["error", "left", "right", "middle"]
+                    ) -> list[int]:
+    """`ids` cut to at most `max_tokens` (>= 1) tokens as verl cuts a prompt longer than `data.max_prompt_length`
+    (its `data.truncation` option): "left" keeps the last max_tokens, "right" the first, "middle" the first
+    max_tokens // 2 and the last max_tokens - max_tokens // 2; "error" raises ValueError. A chat prompt's
+    instructions open it and its assistant header closes it, so "middle" keeps both and cuts the content between
+    (a generator's shown responses, a long question); "right" would cut the header, so the policy would continue
+    the user's turn. A prompt within the cap is returned unchanged."""
+    ids = list(ids)
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    if len(ids) <= max_tokens:
+        return ids
+    if mode == "left":
+        return ids[-max_tokens:]
+    if mode == "right":
+        return ids[:max_tokens]
+    if mode == "middle":
+        head = max_tokens // 2
+        return ids[:head] + ids[len(ids) - (max_tokens - head):]
+    if mode == "error":
+        raise ValueError(f"a prompt of {len(ids)} tokens exceeds max_prompt_tokens={max_tokens} "
+                         "(prompt_truncation error)")
+    raise ValueError(f"unknown prompt_truncation {mode!r}")
+
+
 def sample_groups(prompts: Sequence[Any], context: RolloutContext, step: int, *, stream: int = 0) -> Rollouts:
     """`sampling.n` samples per prompt (chat messages or ids) from the engine, seeded by (run seed, step) (so a
     resumed run samples what the uninterrupted one did), decoded (`steps.response_text`, the text whose steps the
     judge numbers) and packed for the learner with the rollout logprobs.
+
+    Prompts are capped here, for every recipe and role: a prompt longer than `context.max_prompt_tokens` is
+    truncated (`truncate_prompt`, mode `context.prompt_truncation`) and sent to the engine as its truncated token
+    ids, and counted in `context.prompt_metrics["prompt/truncated"]`; "prompt/length_max" is the longest prompt
+    before truncation.
 
     A recipe that samples several times in one step (one call per role, a refinement pass) gives each call its
     own `stream` number, so that the calls draw independent randomness."""
     entropy = (context.seed, step) if stream == 0 else (context.seed, step, stream)
     seed = int(np.random.SeedSequence(entropy).generate_state(1)[0] >> 1)
     params = dataclasses.replace(context.sampling, seed=seed)
-    with context.timer.phase("generation"):
-        samples = context.engine.generate(list(prompts), params)
+    prompts = list(prompts)
     prompt_ids = [prompt_token_ids(prompt, context.tokenizer) for prompt in prompts]
+    recorded = context.prompt_metrics
+    recorded["prompt/length_max"] = max(recorded.get("prompt/length_max", 0), max(len(ids) for ids in prompt_ids))
+    recorded.setdefault("prompt/truncated", 0)
+    limit = context.max_prompt_tokens
+    for p, ids in enumerate(prompt_ids):
+        if limit is not None and len(ids) > limit:
+            prompt_ids[p] = prompts[p] = truncate_prompt(ids, limit, context.prompt_truncation)
+            recorded["prompt/truncated"] += 1
+    with context.timer.phase("generation"):
+        samples = context.engine.generate(prompts, params)
     prompt_width = padded_prompt_width(prompt_ids)
     response_width = params.max_new_tokens
     batch = train_step.pack_sequences(

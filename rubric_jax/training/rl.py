@@ -7,7 +7,8 @@
                                                       and their mismatch with the learner's is logged
   4. `epochs` passes over the batch in a fresh random order, each split into `mini_batches` optimizer updates,
      each accumulated exactly over `micro_batches` (`train_step.make_train_step`)
-  5. weight sync to the engine (version "step-<n>")
+  5. weight sync to the engine (version "step-<n>"); a recipe's frozen engine (`make_frozen_engine`, the initial
+     policy for a role that is not trained) is never synced
   6. metrics (metrics.jsonl, TensorBoard, console) and, every `checkpoint.every_steps` and at the end, an orbax
      checkpoint of params, optimizer state, reference, data position, algorithm state and the step's metrics
 
@@ -19,6 +20,7 @@ steps: the metrics line and the checkpoint of step n describe the state after n 
 """
 
 import contextlib
+import dataclasses
 import os
 import time
 from pathlib import Path
@@ -68,6 +70,15 @@ def make_engine(config: RLConfig, model, tokenizer, version: str) -> RolloutEngi
                           weight_version=version, max_batch_size=config.rollout.max_batch_size)
 
 
+def make_frozen_engine(config: RLConfig, initial_model, tokenizer) -> RolloutEngine:
+    """`RolloutContext.frozen_engine`: the initial policy `initial_model` as version "initial", in process or on
+    the SGLang server at rollout.frozen_sglang_url (sent these weights once, from output_dir/frozen/weights);
+    nothing updates it afterwards."""
+    rollout = dataclasses.replace(config.rollout, sglang_url=config.rollout.frozen_sglang_url, frozen_sglang_url=None)
+    frozen = dataclasses.replace(config, rollout=rollout, output_dir=os.path.join(config.output_dir, "frozen"))
+    return make_engine(frozen, initial_model, tokenizer, "initial")
+
+
 def make_judge(config: JudgeConfig, task: Any, seed: int) -> Judge:
     """The run's judge (`JudgeConfig`): the task's own, or an LLM judge over HTTP in the paper's format."""
     if config.kind == "task":
@@ -78,7 +89,8 @@ def make_judge(config: JudgeConfig, task: Any, seed: int) -> Judge:
                                                  max_tokens=config.max_tokens, seed=seed))
     if config.format == "rating":
         return llm.CriterionLLMJudge(chat, llm.rating_format())
-    formats = {"grounded": llm.grounded_format, "srar": llm.srar_format, "rlcer_verifier": llm.rlcer_verifier_format}
+    formats = {"grounded": lambda: llm.grounded_format(config.max_grounding_chars), "srar": llm.srar_format,
+               "rlcer_verifier": llm.rlcer_verifier_format}
     return llm.RolloutLLMJudge(chat, formats[config.format]())
 
 
@@ -161,6 +173,10 @@ def train_rl(config: RLConfig, task: Any, *, judge=None, model=None, tokenizer=N
     Hugging Face directory model/ under output_dir."""
     algorithm_config, config = resolve_algorithm(config)
     algorithm = algorithm_class(config.algorithm.name)(algorithm_config)
+    rollout = config.rollout
+    if algorithm.needs_frozen_engine and rollout.engine == "sglang" and rollout.frozen_sglang_url is None:
+        raise ValueError(f"{config.algorithm.name} samples a role from the frozen initial policy: set "
+                         "rollout.frozen_sglang_url to a second SGLang server")
     out = Path(config.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     save_config(config, out / "config.yaml")
@@ -174,6 +190,8 @@ def train_rl(config: RLConfig, task: Any, *, judge=None, model=None, tokenizer=N
     schedule = learning_rate_schedule(config.optimizer)
     graphdef, state = policy.init_learner_state(model, optimizer, mesh, algorithm.needs_reference)
     rules = sharding.partition_rules(model.config)
+    # Taken before the restore: a resumed run's frozen role still samples from the initial policy.
+    initial_params = policy.copy_params(state.params) if algorithm.needs_frozen_engine else None
 
     checkpointer = runs.open_checkpoints(out, config.checkpoint)
     state, meta = runs.restore_latest(checkpointer, state, config.checkpoint, config.seed)
@@ -182,13 +200,17 @@ def train_rl(config: RLConfig, task: Any, *, judge=None, model=None, tokenizer=N
         algorithm.load_state_dict(meta["algorithm_state"])
 
     engine = make_engine(config, nnx.merge(graphdef, policy.copy_params(state.params)), tokenizer, f"step-{start}")
+    frozen_engine = (make_frozen_engine(config, nnx.merge(graphdef, initial_params), tokenizer)
+                     if initial_params is not None else None)
+    initial_params = None  # the embedded frozen engine holds its own reference; a frozen server has them on disk
     _, pad_id = policy.eos_and_pad(tokenizer)
     timer = PhaseTimer()
-    rollout = config.rollout
     context = RolloutContext(
         engine=engine, tokenizer=tokenizer, task=task, judge=judge, pad_id=pad_id, seed=config.seed, timer=timer,
         sampling=SamplingParams(max_new_tokens=rollout.max_new_tokens, n=rollout.group_size,
-                                temperature=rollout.temperature, top_p=rollout.top_p, top_k=rollout.top_k))
+                                temperature=rollout.temperature, top_p=rollout.top_p, top_k=rollout.top_k),
+        max_prompt_tokens=rollout.max_prompt_tokens, prompt_truncation=rollout.prompt_truncation,
+        frozen_engine=frozen_engine)
     learner = _Learner(config, algorithm, graphdef, state, optimizer, mesh, rules)
     dataset = task.train_stream(position)
     eval_examples = task.eval_examples(config.eval.num_examples) if config.eval.every_steps else []
@@ -201,8 +223,11 @@ def train_rl(config: RLConfig, task: Any, *, judge=None, model=None, tokenizer=N
     with writer, checkpointer, contextlib.closing(engine), contextlib.ExitStack() as owned:
         if judge_owned:
             owned.callback(judge.close)
+        if frozen_engine is not None:
+            owned.callback(frozen_engine.close)
         for step in range(start, config.steps):
             timer.reset()
+            context.prompt_metrics.clear()
             step_started = time.monotonic()
             experience = algorithm.experience(dataset.next_batch(rollout.prompts_per_step), context, step)
             batch, width = experience.batch, experience.prompt_width
@@ -221,6 +246,7 @@ def train_rl(config: RLConfig, task: Any, *, judge=None, model=None, tokenizer=N
             with timer.phase("sync"):
                 engine.update_weights(nnx.merge(graphdef, policy.copy_params(state.params)), f"step-{step + 1}")
             metrics = {**experience.metrics, **train_metrics, **_mismatch_metrics(batch, old_logp_bt),
+                       **{name: float(value) for name, value in context.prompt_metrics.items()},
                        **_request_metrics("judge", judge.http_stats(), judge_requests_seen),
                        **_request_metrics("engine", engine.http_stats(), engine_requests_seen),
                        "train/learning_rate": float(schedule((step + 1) * updates_per_step - 1))}

@@ -87,13 +87,22 @@ class MeshConfig:
 @dataclasses.dataclass(frozen=True)
 class RolloutConfig:
     """Sampling: `prompts_per_step` prompts, `group_size` samples each, from the embedded engine or an SGLang
-    server at `sglang_url`."""
+    server at `sglang_url`.
+
+    `max_prompt_tokens` caps every prompt of every role (None: no cap; the papers' "max prompt length"): a longer
+    one is cut as `prompt_truncation` says (`algorithms.base.truncate_prompt`: verl's modes) and counted in the
+    metric "prompt/truncated". `frozen_sglang_url`: a second SGLang server for a recipe that samples a role from
+    the frozen initial policy (`Algorithm.needs_frozen_engine`); it is sent the initial weights once and never
+    updated, so it must not be the policy's server. The embedded engine makes its frozen copy in process."""
 
     engine: Literal["embedded", "sglang"] = "embedded"
     sglang_url: Optional[str] = None
+    frozen_sglang_url: Optional[str] = None
     prompts_per_step: int = 8
     group_size: int = 8
     max_new_tokens: int = 64
+    max_prompt_tokens: Optional[int] = None
+    prompt_truncation: Literal["error", "left", "right", "middle"] = "middle"
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
@@ -102,8 +111,14 @@ class RolloutConfig:
     def __post_init__(self):
         for name in ("prompts_per_step", "group_size", "max_new_tokens"):
             _require(getattr(self, name) >= 1, f"{name} must be >= 1, got {getattr(self, name)}")
+        _require(self.max_prompt_tokens is None or self.max_prompt_tokens >= 1,
+                 f"max_prompt_tokens must be None (no cap) or >= 1, got {self.max_prompt_tokens}")
         _require((self.engine == "sglang") == (self.sglang_url is not None),
                  "sglang_url is required by engine sglang, and only by it")
+        _require(self.frozen_sglang_url is None or self.engine == "sglang",
+                 "frozen_sglang_url is for engine sglang only (the embedded engine copies the initial weights)")
+        _require(self.frozen_sglang_url is None or self.frozen_sglang_url != self.sglang_url,
+                 "frozen_sglang_url must be a second server: the policy's server is sent every step's weights")
         _require(self.temperature > 0 or self.group_size == 1,
                  f"temperature 0 makes the {self.group_size} samples of a group identical, so every advantage "
                  "would be 0; sample with temperature > 0")
@@ -187,7 +202,9 @@ class JudgeConfig:
     OpenAI-compatible chat server at `url` (SGLang's) serving `model`, asked in the paper's `format`:
     "grounded" (rubric-grounded GRPO: the reference passage and every weighted criterion in one call), "srar"
     (SRaR's step-attributed judge), "rlcer_verifier" (RLCER's verifier) or "rating" (RGR-GRPO: one call per
-    criterion). `max_in_flight` bounds concurrent calls; `max_attempts` and `timeout_s` are the retry policy."""
+    criterion). `max_in_flight` bounds concurrent calls; `max_attempts` and `timeout_s` are the retry policy.
+    `max_grounding_chars`: format "grounded" only, the grounding passage cut to its first characters (the paper's
+    "maximum passage length"; None: the whole passage)."""
 
     kind: Literal["task", "llm"] = "task"
     url: Optional[str] = None
@@ -198,6 +215,7 @@ class JudgeConfig:
     max_in_flight: int = 64
     max_attempts: int = 5
     timeout_s: float = 600.0
+    max_grounding_chars: Optional[int] = None
 
     def __post_init__(self):
         llm = self.kind == "llm"
@@ -206,6 +224,9 @@ class JudgeConfig:
         for name in ("max_tokens", "max_in_flight", "max_attempts"):
             _require(getattr(self, name) >= 1, f"{name} must be >= 1, got {getattr(self, name)}")
         _require(self.temperature >= 0 and self.timeout_s > 0, "judge.temperature must be >= 0, timeout_s > 0")
+        _require(self.max_grounding_chars is None or (self.format == "grounded" and self.max_grounding_chars >= 0),
+                 f"judge.max_grounding_chars is for format grounded only and must be >= 0, got "
+                 f"{self.max_grounding_chars}")
 
 
 @dataclasses.dataclass(frozen=True)
