@@ -38,14 +38,17 @@ Ablations (section 4.3, Table 2), one switch each:
   scores this step's R^ only ("transient rubrics").
 - peer_consensus False ("w/o Peer Consensus"): rho~ leaves eq 3.
 - discriminative False ("w/o Discriminative Reward"): no variance filter (R^_m = R~_m) and r_disc leaves eq 3.
-- train_generator False ("External Evolving-RL"): the generator still proposes, verifies and feeds the pool,
-  but its rows are left out of the update.
+- train_generator False ("External Evolving-RL"): the generator is a separate, unoptimised model of the same
+  size: it samples from the trainer's frozen engine (`RolloutContext.frozen_engine`, the initial policy, never
+  sent a weight update) and its rows are left out of the update; it still proposes, is verified and feeds the
+  pool.
 
 Where the paper is silent (each choice is a config field): M (generator_group_size); the forms of r_meta, r_disc
 (core.rubric_validity) and of p_num, the generator's p_len (core.rewards.excess_penalty, linear above a budget);
 the reward of an unparsable proposal (parse_failure_reward, default -1: the r_meta of a proposal the
 meta-verifier rejects entirely); which responses the generator sees (the first responses_shown of the group, a
-uniform sample since the N responses are exchangeable; None shows all); the pool's key (the question text), its
+uniform sample since the N responses are exchangeable; None shows all) and how much of each (its first
+shown_response_max_tokens tokens); the pool's key (the question text), its
 bounds and its eviction rule (`MemoryPool`). A judge failure on a response takes it out of its question's score
 matrix (the response mask of steps 5-6) and, as in RaR, gives it reward 0 or excludes it (on_judge_failure).
 
@@ -77,7 +80,7 @@ from rubric_jax.core import advantages, rewards, roles, rubric_validity
 from rubric_jax.judges.base import JudgeRequest
 from rubric_jax.rubrics.parsing import FailurePolicy
 from rubric_jax.rubrics.schema import Criterion, Rubric
-from rubric_jax.rubrics.steps import split_steps
+from rubric_jax.rubrics.steps import response_text, split_steps
 
 REASONER, GENERATOR = 0, 1  # role ids (core.roles)
 
@@ -89,7 +92,10 @@ class EvoRubricConfig:
     policy_loss: Appendix B eq 5 / Table 8: clip (0.2, 0.28), no KL, the sequence-mean of token means.
     generator_group_size: M rubric sets per question (>= 2: the consensus needs peers; the paper gives no M).
     generator_max_new_tokens: the generator's token budget; responses_shown: reasoner responses in its prompt
-    (None: all N). max_proposed: the most criteria a proposal may hold (more is a parse failure); the score
+    (None: all N, as eq 2 conditions on the whole group O); shown_response_max_tokens: each shown response's
+    first tokens only (None: whole responses), which bounds the prompt by responses_shown x this cap plus the
+    question and C_hist (N = 8 responses of up to 8192 tokens would not fit Table 8's 12288-token prompt).
+    max_proposed: the most criteria a proposal may hold (more is a parse failure); the score
     matrix's K.
     count_budget / count_coef: p_num = count_coef * max(|R_m| - count_budget, 0) (Table 5 asks for 0 to 6).
     generator_length_budget / generator_length_coef: the generator's p_len, the same form over its tokens.
@@ -97,7 +103,8 @@ class EvoRubricConfig:
     overlong_buffer tokens of rollout.max_new_tokens (Table 8: 4096 of 8192, factor 1.0; 0: no penalty).
     parse_failure_reward: R_gen of an unparsable proposal (before its p_len).
     pool_max_per_question / pool_max_questions: the memory pool's bounds (`MemoryPool`).
-    meta_verifier, memory_pool, peer_consensus, discriminative, train_generator: the ablation switches.
+    meta_verifier, memory_pool, peer_consensus, discriminative, train_generator: the ablation switches
+    (train_generator False samples the generator from the trainer's frozen engine, the initial policy).
     on_judge_failure, std_ddof, eps: as RaR ("zero_reward" or "exclude"; GRPO's std, 1 = sample, and epsilon).
     """
 
@@ -106,6 +113,7 @@ class EvoRubricConfig:
     generator_group_size: int = 4
     generator_max_new_tokens: int = 512
     responses_shown: Optional[int] = None
+    shown_response_max_tokens: Optional[int] = 1024
     max_proposed: int = 8
     count_budget: int = 6
     count_coef: float = 0.1
@@ -132,8 +140,9 @@ class EvoRubricConfig:
         for name in ("generator_max_new_tokens", "max_proposed", "pool_max_per_question", "pool_max_questions"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.responses_shown is not None and self.responses_shown < 1:
-            raise ValueError(f"responses_shown must be None (all) or >= 1, got {self.responses_shown}")
+        for name in ("responses_shown", "shown_response_max_tokens"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"{name} must be None (all) or >= 1, got {getattr(self, name)}")
         for name in ("count_budget", "count_coef", "generator_length_budget", "generator_length_coef",
                      "overlong_buffer", "overlong_factor", "eps"):
             if not getattr(self, name) >= 0:
@@ -315,6 +324,11 @@ class EvoRubric(base.Algorithm):
     def policy_loss(self) -> base.PolicyLossConfig:
         return self.config.policy_loss
 
+    @property
+    def needs_frozen_engine(self) -> bool:
+        """External Evolving-RL (train_generator False): the generator is the unoptimised initial model."""
+        return not self.config.train_generator
+
     def state_dict(self) -> dict[str, Any]:
         return self.pool.state_dict()
 
@@ -334,7 +348,7 @@ class EvoRubric(base.Algorithm):
 
         # 1. Reasoner rollouts. 2. Generator rollouts, parsed. 3. Meta-verifier.
         reasoner = base.sample_groups([task.prompt(e) for e in examples], context, step)
-        generator = self._generate(examples, reasoner.texts, existing, context, step)
+        generator = self._generate(examples, reasoner, existing, context, step)
         proposals = self._propose(examples, generator.texts, existing, context)
 
         # 4. Grader: every response against its base rubric, pool and verified proposals.
@@ -420,17 +434,28 @@ class EvoRubric(base.Algorithm):
             raise ValueError(f"evorubric needs a task with {', '.join(missing)} (e.g. task arithmetic_rubrics), "
                              f"got {type(task).__name__}")
 
-    def _generate(self, examples, reasoner_texts, existing, context, step) -> base.Rollouts:
+    def _generate(self, examples, reasoner, existing, context, step) -> base.Rollouts:
         """Step 2's rollouts: M per question, each prompt showing the question, the first responses_shown of
-        its N responses and the existing criteria (C_hist), sampled with the generator's token budget."""
+        its N responses (each its first shown_response_max_tokens tokens) and the existing criteria (C_hist),
+        sampled with the generator's token budget; from the frozen initial policy when the generator is not
+        trained (External Evolving-RL: "a separate, unoptimized external model of the same scale")."""
         config, num_responses = self.config, context.sampling.n
         shown = config.responses_shown or num_responses
-        prompts = [context.task.generator_prompt(e, reasoner_texts[p * num_responses:p * num_responses + shown],
-                                                 existing[p])
+        cap = config.shown_response_max_tokens
+        texts = [response_text(context.tokenizer, s.output_ids[:cap]) if cap is not None and len(s.output_ids) > cap
+                 else text for s, text in zip(reasoner.samples, reasoner.texts)]
+        prompts = [context.task.generator_prompt(e, texts[p * num_responses:p * num_responses + shown], existing[p])
                    for p, e in enumerate(examples)]
         sampling = dataclasses.replace(context.sampling, n=config.generator_group_size,
                                        max_new_tokens=config.generator_max_new_tokens)
-        return base.sample_groups(prompts, dataclasses.replace(context, sampling=sampling), step, stream=1)
+        engine = context.engine
+        if not config.train_generator:
+            if context.frozen_engine is None:
+                raise ValueError("train_generator False (External Evolving-RL) samples the generator from the "
+                                 "frozen initial policy: the context needs a frozen_engine (train_rl makes one)")
+            engine = context.frozen_engine
+        return base.sample_groups(prompts, dataclasses.replace(context, engine=engine, sampling=sampling), step,
+                                  stream=1)
 
     def _propose(self, examples, texts, existing, context) -> "_Proposals":
         """Steps 2-3: each generator output parsed ("none" is the empty proposal), each parsed criterion

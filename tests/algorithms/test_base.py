@@ -1,6 +1,9 @@
 """The recipes' shared host-side helpers: summary statistics of a batch, by hand and against NumPy; merging the
-rows of batches with different prompt and response widths; the trainer's row padding."""
+rows of batches with different prompt and response widths; the trainer's row padding; the prompt cap of
+`sample_groups` (verl's truncation modes by hand and as properties, what the engine and the learner receive, the
+counts in the metrics)."""
 
+import dataclasses
 import math
 
 import jax.numpy as jnp
@@ -9,8 +12,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rubric_jax.algorithms.base import concat_batches, summary_stats
+from rubric_jax.algorithms.base import (
+    RolloutContext, concat_batches, padded_prompt_width, sample_groups, summary_stats, truncate_prompt)
+from rubric_jax.data.tasks import build_task
+from rubric_jax.inference.engine import RolloutEngine, Sample, SamplingParams, prompt_token_ids
 from rubric_jax.models.train_step import pack_sequences
+from rubric_jax.training.metrics import PhaseTimer
 from rubric_jax.training.rl import pad_rows
 
 
@@ -91,3 +98,84 @@ def test_pad_rows_appends_masked_copies_of_row_zero():
     assert not padded["response_mask_bt"][3].any() and padded["response_mask_bt"][:3].sum() == 5
     assert batch["tokens_bt"].shape == (3, 4) and batch["response_mask_bt"].sum() == 5  # the input is untouched
     assert pad_rows(batch, 3) is batch
+
+
+# ---------------------------------------------------------------- the prompt cap
+
+
+def test_truncate_prompt_by_hand_in_each_of_verls_modes():
+    ids = list(range(10))
+    assert truncate_prompt(ids, 4, "left") == [6, 7, 8, 9]
+    assert truncate_prompt(ids, 4, "right") == [0, 1, 2, 3]
+    assert truncate_prompt(ids, 5, "middle") == [0, 1, 7, 8, 9]  # the first 5 // 2 = 2, the last 3
+    assert truncate_prompt(ids, 4, "middle") == [0, 1, 8, 9]
+    assert truncate_prompt(ids, 10, "error") == ids  # within the cap: unchanged in every mode
+    with pytest.raises(ValueError, match="10 tokens exceeds max_prompt_tokens=9"):
+        truncate_prompt(ids, 9, "error")
+    with pytest.raises(ValueError, match="max_tokens must be >= 1"):
+        truncate_prompt(ids, 0, "left")
+    with pytest.raises(ValueError, match="unknown prompt_truncation"):
+        truncate_prompt(ids, 3, "top")
+
+
+@given(st.lists(st.integers(0, 99), min_size=1, max_size=40), st.integers(1, 45),
+       st.sampled_from(["left", "right", "middle"]))
+def test_a_truncated_prompt_is_a_head_and_a_tail_of_the_prompt_within_the_cap(ids, cap, mode):
+    cut = truncate_prompt(ids, cap, mode)
+    assert len(cut) == min(len(ids), cap)
+    if len(ids) <= cap:
+        assert cut == ids
+        return
+    head = {"left": 0, "right": cap, "middle": cap // 2}[mode]
+    assert cut[:head] == ids[:head] and cut[head:] == ids[len(ids) - (cap - head):]
+
+
+class EchoEngine(RolloutEngine):
+    """Records the prompts of each call and answers each with the one token 5."""
+
+    weight_version = "echo"
+
+    def __init__(self):
+        self.calls = []
+
+    def generate(self, prompts, params):
+        self.calls.append(list(prompts))
+        return [Sample(prompt_index=i, output_ids=(5,), logprobs=(-1.0,), finish_reason="stop", matched_stop=5,
+                       weight_version=self.weight_version) for i in range(len(prompts)) for _ in range(params.n)]
+
+    async def agenerate(self, prompts, params):
+        return self.generate(prompts, params)
+
+    def update_weights(self, model, version):
+        raise NotImplementedError
+
+
+def test_sample_groups_truncates_prompts_over_the_cap_and_counts_them():
+    task = build_task("arithmetic", {}, 0)
+    tokenizer = task.tokenizer()
+    short = [{"role": "user", "content": "1 + 2"}]
+    long = [{"role": "user", "content": "1 + 2 " * 20}]
+    short_ids, long_ids = (prompt_token_ids(p, tokenizer) for p in (short, long))
+    cap = len(short_ids) + 3
+    assert len(long_ids) > cap
+    engine = EchoEngine()
+    context = RolloutContext(engine=engine, tokenizer=tokenizer, task=task, judge=None, pad_id=0, seed=0,
+                             sampling=SamplingParams(max_new_tokens=2, n=2), timer=PhaseTimer(),
+                             max_prompt_tokens=cap, prompt_truncation="left")
+    rollouts = sample_groups([short, long], context, step=0)
+    # The engine gets the short prompt as it was and the long one as its last `cap` token ids.
+    assert engine.calls == [[short, long_ids[-cap:]]]
+    assert rollouts.prompt_width == padded_prompt_width([long_ids[-cap:]])
+    np.testing.assert_array_equal(rollouts.batch["tokens_bt"][2:, rollouts.prompt_width - cap:rollouts.prompt_width],
+                                  [long_ids[-cap:]] * 2)
+    assert context.prompt_metrics == {"prompt/truncated": 1, "prompt/length_max": len(long_ids)}
+    sample_groups([long, long], context, step=1)  # counts add up over the calls of a step
+    assert context.prompt_metrics == {"prompt/truncated": 3, "prompt/length_max": len(long_ids)}
+
+    uncapped = RolloutContext(engine=EchoEngine(), tokenizer=tokenizer, task=task, judge=None, pad_id=0, seed=0,
+                              sampling=SamplingParams(max_new_tokens=2, n=2), timer=PhaseTimer())
+    assert sample_groups([short, long], uncapped, step=0).prompt_width == padded_prompt_width([long_ids])
+    assert uncapped.engine.calls == [[short, long]]
+    assert uncapped.prompt_metrics == {"prompt/truncated": 0, "prompt/length_max": len(long_ids)}
+    with pytest.raises(ValueError, match="exceeds max_prompt_tokens"):
+        sample_groups([long], dataclasses.replace(context, prompt_truncation="error"), step=0)

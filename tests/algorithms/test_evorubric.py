@@ -104,10 +104,11 @@ class ScriptedEngine(RolloutEngine):
 
 
 class Recording(RolloutEngine):
-    """Delegates to `engine` and records every call: (prompts, params, samples)."""
+    """Delegates to `engine` and records every call, (prompts, params, samples), and every weight update's
+    version."""
 
     def __init__(self, engine: RolloutEngine):
-        self.engine, self.calls = engine, []
+        self.engine, self.calls, self.updates = engine, [], []
         self.weight_version = engine.weight_version
 
     def generate(self, prompts, params):
@@ -119,7 +120,9 @@ class Recording(RolloutEngine):
         return self.generate(prompts, params)
 
     def update_weights(self, model, version):
+        self.updates.append(version)
         self.engine.update_weights(model, version)
+        self.weight_version = version
 
 
 FAIL_MARK = "### Step 9:"
@@ -176,10 +179,11 @@ def hashed_task() -> HashedProposalsTask:
     return HashedProposalsTask(world.problems, 0, world)
 
 
-def context_for(engine, task, tokenizer, *, n=4, max_new_tokens=64, judge=None, seed=0) -> RolloutContext:
+def context_for(engine, task, tokenizer, *, n=4, max_new_tokens=64, judge=None, seed=0,
+                frozen_engine=None) -> RolloutContext:
     return RolloutContext(engine=engine, tokenizer=tokenizer, task=task, judge=judge or task.judge(), pad_id=0,
                           seed=seed, sampling=SamplingParams(max_new_tokens=max_new_tokens, n=n),
-                          timer=PhaseTimer())
+                          timer=PhaseTimer(), frozen_engine=frozen_engine)
 
 
 def scripted_world(examples, *, proposals=None, responses=None):
@@ -195,14 +199,18 @@ def scripted_world(examples, *, proposals=None, responses=None):
 
 def run_step(config, examples, *, task=None, responses=None, proposals=None, judge=None, algorithm=None, step=0,
              n=4):
-    """One `experience` call on the scripted engine; returns (algorithm, experience, recorded calls, pool before)."""
+    """One `experience` call on the scripted engine (and, when the recipe asks for one, a frozen scripted engine
+    with the same script); returns (algorithm, experience, recorded calls of both engines, pool before)."""
     task = task or coarse_task()
     responses, proposals = scripted_world(examples, responses=responses, proposals=proposals)
     engine = Recording(ScriptedEngine(task.tokenizer(), responses, proposals))
     algorithm = algorithm or EvoRubric(config)
+    frozen = Recording(ScriptedEngine(task.tokenizer(), responses, proposals)) if algorithm.needs_frozen_engine \
+        else None
     before = algorithm.state_dict()
-    result = algorithm.experience(examples, context_for(engine, task, task.tokenizer(), n=n, judge=judge), step)
-    return algorithm, result, engine.calls, before
+    context = context_for(engine, task, task.tokenizer(), n=n, judge=judge, frozen_engine=frozen)
+    result = algorithm.experience(examples, context, step)
+    return algorithm, result, engine.calls + (frozen.calls if frozen else []), before
 
 
 # ---------------------------------------------------------------- the NumPy reference of one step
@@ -457,6 +465,41 @@ def test_without_the_discriminative_reward_constant_criteria_are_kept_and_r_disc
     assert "MU" in {c.name for c in pool_dict(alg.state_dict())[examples[0].question]}
 
 
+def is_generator_prompt(prompt) -> bool:
+    return prompt[-1]["content"].startswith("New rubrics for: ")
+
+
+def test_external_generator_samples_from_the_frozen_engine_only():
+    config = EvoRubricConfig(generator_group_size=5, responses_shown=2, max_proposed=4, train_generator=False)
+    assert EvoRubric(config).needs_frozen_engine and not EvoRubric(EvoRubricConfig()).needs_frozen_engine
+    examples, task = two_problems(), coarse_task()
+    responses, proposals = scripted_world(examples)
+    engine, frozen = (Recording(ScriptedEngine(task.tokenizer(), responses, proposals)) for _ in range(2))
+    EvoRubric(config).experience(examples, context_for(engine, task, task.tokenizer(), frozen_engine=frozen), 0)
+    [(reasoner_prompts, _, _)] = engine.calls
+    [(generator_prompts, params, _)] = frozen.calls
+    assert not any(map(is_generator_prompt, reasoner_prompts)) and len(reasoner_prompts) == 2
+    assert all(map(is_generator_prompt, generator_prompts)) and len(generator_prompts) == 2 and params.n == 5
+    with pytest.raises(ValueError, match="frozen_engine"):
+        EvoRubric(config).experience(examples, context_for(engine, task, task.tokenizer()), 0)
+
+
+def test_shown_responses_are_cut_to_their_first_tokens():
+    """With shown_response_max_tokens 4 every shown response is its first four tokens, "### Step ", "1", ":", " "
+    (the world's tokenizer has "### Step " as one token); without a cap the responses are shown whole."""
+    examples, task = two_problems(), coarse_task()
+    for cap, expected in ((4, lambda text: "### Step 1: "), (None, lambda text: text)):
+        config = EvoRubricConfig(generator_group_size=2, responses_shown=3, shown_response_max_tokens=cap,
+                                 max_proposed=4)
+        _, _, calls, _ = run_step(config, examples)
+        (_, _, reasoner_samples), (generator_prompts, _, _) = calls
+        texts = [response_text(task.tokenizer(), s.output_ids) for s in reasoner_samples]
+        for p, (example, prompt) in enumerate(zip(examples, generator_prompts)):
+            shown = [expected(text) for text in texts[4 * p:4 * p + 3]]
+            assert prompt == task.generator_prompt(example, shown, task.rubric(example).criteria)
+            assert len(texts[4 * p]) > 12  # the cap cut something
+
+
 def test_external_generator_rows_are_left_out_of_the_update():
     (full_alg, full, _, _), (alg, ablated, _, _), _ = ablation_runs(train_generator=False)
     assert full.batch["tokens_bt"].shape[0] == 2 * 4 + 2 * 5 and ablated.batch["tokens_bt"].shape[0] == 2 * 4
@@ -670,3 +713,38 @@ def test_a_train_rl_step_end_to_end_matches_the_reference_and_its_pool_survives_
     after = pool_dict(meta["algorithm_state"])
     for question, criteria in pool_dict(saved).items():  # far below the bounds: step 1's criteria all stay
         assert after[question][:len(criteria)] == criteria
+
+
+def test_train_rl_samples_the_external_generator_from_a_frozen_engine_that_survives_resume(tmp_path, monkeypatch):
+    """External Evolving-RL through train_rl: the reasoner samples from the synced engine, the generator from a
+    second engine serving the initial policy, which is sent no weight update, also after a resume. A resumed run's
+    frozen generator samples exactly what the uninterrupted run's did at the same step (a learning rate large
+    enough that step 1 moves the policy, so a frozen engine built from restored weights would differ)."""
+    task, judge = hashed_task(), NoisyMuJudge()
+    engines = []
+    make_engine = rl.make_engine
+    monkeypatch.setattr(rl, "make_engine", lambda *a: engines.append(Recording(make_engine(*a))) or engines[-1])
+
+    def external(directory, steps, first):
+        config = rl_config(tmp_path / directory, steps)
+        params = {**config.algorithm.params, "train_generator": False}
+        config = dataclasses.replace(config, algorithm=AlgorithmSpec("evorubric", params),
+                                     optimizer=dataclasses.replace(config.optimizer, learning_rate=1e-2))
+        engines.clear()
+        train_rl(config, task, judge=judge)
+        policy_engine, frozen = engines
+        assert frozen.weight_version == "initial" and not frozen.updates
+        assert policy_engine.updates == [f"step-{s}" for s in range(first, steps + 1)]
+        assert not any(is_generator_prompt(prompt) for prompts, _, _ in policy_engine.calls for prompt in prompts)
+        assert all(is_generator_prompt(prompt) for prompts, _, _ in frozen.calls for prompt in prompts)
+        assert all(s.weight_version == "initial" for _, _, samples in frozen.calls for s in samples)
+        return policy_engine, frozen
+
+    _, uninterrupted = external("a", 2, first=1)
+    external("b", 1, first=1)
+    policy_engine, resumed = external("b", 2, first=2)
+    assert policy_engine.calls[0][2][0].weight_version == "step-1"  # it resumed after step 1
+    [(prompts, _, samples)] = resumed.calls
+    assert prompts == uninterrupted.calls[1][0]
+    assert [(s.output_ids, s.logprobs) for s in samples] == [(s.output_ids, s.logprobs)
+                                                             for s in uninterrupted.calls[1][2]]

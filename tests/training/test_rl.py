@@ -182,3 +182,34 @@ def test_judge_config_is_validated():
         JudgeConfig(url="http://x:1")
     with pytest.raises(ValueError, match="max_in_flight"):
         JudgeConfig(kind="llm", url="http://x:1", model="m", max_in_flight=0)
+
+
+def test_a_prompt_cap_truncates_every_prompt_over_it_and_logs_the_count(tmp_path):
+    """The toy task's prompts have 39 to 45 tokens: with a cap of 30 every one of the 2 prompts per step is cut
+    to its last 30 tokens (which keep the assistant header), and the step trains on them."""
+    rollout = RolloutConfig(prompts_per_step=2, group_size=4, max_new_tokens=16, max_prompt_tokens=30,
+                            prompt_truncation="left")
+    last = train_rl(tiny_rl_config(tmp_path, steps=2, rollout=rollout), toy_task())
+    lines = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert [line["prompt/truncated"] for line in lines] == [2, 2]  # counted per step, not accumulated
+    assert all(39 <= line["prompt/length_max"] <= 45 for line in lines)
+    assert math.isfinite(last["train/loss"])
+    uncapped = train_rl(tiny_rl_config(tmp_path / "uncapped"), toy_task())
+    assert uncapped["prompt/truncated"] == 0
+
+
+def test_rollout_prompt_cap_and_frozen_server_are_validated(tmp_path):
+    with pytest.raises(ValueError, match="max_prompt_tokens must be None"):
+        RolloutConfig(max_prompt_tokens=0)
+    with pytest.raises(ValueError, match="frozen_sglang_url is for engine sglang"):
+        RolloutConfig(frozen_sglang_url="http://x:2")
+    with pytest.raises(ValueError, match="must be a second server"):
+        RolloutConfig(engine="sglang", sglang_url="http://x:1", frozen_sglang_url="http://x:1")
+    # A recipe that samples from the frozen initial policy needs the second server, checked before any compute.
+    rollout = RolloutConfig(engine="sglang", sglang_url="http://127.0.0.1:9", prompts_per_step=2, group_size=4,
+                            max_new_tokens=16)
+    config = tiny_rl_config(tmp_path, rollout=rollout,
+                            algorithm=AlgorithmSpec(name="evorubric", params={"train_generator": False}))
+    with pytest.raises(ValueError, match="rollout.frozen_sglang_url"):
+        train_rl(config, build_task("arithmetic_rubrics", {}, 0))
+    assert not (tmp_path / "run").exists()
