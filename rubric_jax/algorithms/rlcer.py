@@ -48,9 +48,9 @@ Conventions:
   contribution to eq 6's score agrees with correctness. "as_written" follows the text (the CPU comparison of
   experiments/RESULTS.md ran under it: its rubricator learned to drop the "wrong result" penalty). The CoT
   reward (eq 6) uses v_k either way; "rlcer/corr_mean" reports the correlation that validity thresholds.
-- Verifier calls: "per_list" (the default) asks the verifier about one rubricator's list per request (Figure 10
-  takes one rubric list; Appendix A's verifier was distilled on such calls), requests ordered (question, rollout,
-  list); "pooled" asks once per rollout with the question's K rubrics in one list. A failed request makes the
+- Verifier calls: "per_list" (the default) asks the verifier about one rubricator's list per request (Figure 10's
+  prompt takes one rubricator's list, and Appendix A's verifier was distilled on its responses), requests
+  ordered (question, rollout, list); "pooled" asks once per rollout with the question's K rubrics in one list. A failed request makes the
   verdicts of its list (pooled: of every list) on that rollout unknown: they take no part in that rubric's
   correlation (eq 7 over the rollouts whose verdict is known) nor in that rollout's CoT reward (eq 6 min-max
   normalised over the valid rubrics it was judged on). A rollout none of whose requests succeeded is a failed
@@ -69,7 +69,7 @@ Conventions:
   (prompt-major, M per question), in one batch whose prompt region is the rubricator's wider one.
 - Metrics: "reward/*", "advantage/*", "response/*", "outcome/accuracy" are the reasoner's (comparable with the
   other recipes); "rubricator/reward/*", "rubricator/advantage/*", "rubricator/length_mean"; "rlcer/corr_mean"
-  (mean corr(v_k, z) over proposed rubrics whose correlation is defined), "rlcer/valid_fraction" (eq 10 averaged
+  (mean corr(u_k, z), the correlation validity thresholds, over proposed rubrics where it is defined), "rlcer/valid_fraction" (eq 10 averaged
   over the parsed rubricator outputs), "rlcer/cot_reward_mean" (over judged reasoner rollouts),
   "rlcer/rubricator_format_rate", "rlcer/rubric_count_mean" (per parsed output), "rlcer/no_valid_rubric_fraction"
   (questions), "rlcer/proposed/<name>" (fraction of parsed outputs proposing a named criterion) and
