@@ -133,7 +133,7 @@ def apply_overrides(data: Mapping[str, Any], overrides: Sequence[str]) -> dict[s
         try:
             value = yaml.safe_load(text)
         except yaml.YAMLError as error:
-            raise ValueError(f"override {override!r}: the value is not valid YAML: {error}") from None
+            raise ValueError(f"override {override!r}: the value is not valid YAML: {_yaml_problem(error)}") from None
         node = result
         for i, name in enumerate(names[:-1]):
             child = node.setdefault(name, {})
@@ -142,6 +142,13 @@ def apply_overrides(data: Mapping[str, Any], overrides: Sequence[str]) -> dict[s
             node = child
         node[names[-1]] = value
     return result
+
+
+def _yaml_problem(error: yaml.YAMLError) -> str:
+    """PyYAML's error in one line: the problem and where (its own message spans several lines)."""
+    mark = getattr(error, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    return f"{getattr(error, 'problem', None) or error}{where}"
 
 
 def _merged(base: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
@@ -165,7 +172,7 @@ def load_config(cls: type[T], path: Union[str, os.PathLike], overrides: Sequence
         try:
             data = yaml.safe_load(f)
         except yaml.YAMLError as error:
-            raise ValueError(f"{path}: not valid YAML: {error}") from None
+            raise ValueError(f"{path}: not valid YAML: {_yaml_problem(error)}") from None
     if data is not None and not isinstance(data, Mapping):
         raise ValueError(f"{path}: the top level must be a mapping of config keys")
     return config_from_dict(cls, apply_overrides(data or {}, overrides))

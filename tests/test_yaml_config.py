@@ -113,6 +113,14 @@ def test_each_kind_of_bad_config_is_a_clear_error(tmp_path, text, message):
         load_config(Run, write(tmp_path, text))
 
 
+def test_invalid_yaml_is_one_line_naming_where(tmp_path):
+    # PyYAML's own message spans several lines; line 2 holds the tab
+    with pytest.raises(ValueError) as error:
+        load_config(Run, write(tmp_path, "name: x\n\tseed: 1\n"))
+    assert str(error.value) == (f"{tmp_path / 'run.yaml'}: not valid YAML: found character '\\t' that cannot "
+                                "start any token at line 2, column 1")
+
+
 @pytest.mark.parametrize("override, message", [("seed", "not of the form"), ("=3", "not of the form"),
                                                ("a..b=1", "not of the form"), ("name.sub=1", "name is not a mapping"),
                                                ("seed=[1", "not valid YAML")])
