@@ -16,6 +16,9 @@ categorical's support in tests/core/test_kl.py):
   its value is a biased estimate of KL.
 - k3 = e^delta - delta - 1 ("low_var_kl"): unbiased, low-variance value, but E[grad k3] =
   -E_pi[(pi_ref / pi) grad log pi] = grad KL(pi_ref || pi), the gradient of the *forward* KL.
+- abs = |delta| (verl "abs"): E[grad abs] = E_pi[sign(log pi - log ref) grad log pi] = sum_y sign(pi - ref) grad pi
+  = grad sum_y |pi(y) - ref(y)|, twice the gradient of the total variation distance, not of any KL; its value
+  E_pi |log(pi / ref)| >= KL(pi || ref) (Jensen). The gradient at delta = 0 is 0.
 - kX_k2_grad (verl's "k1+", "k3+"): value of kX, gradient of k2 (straight-through), so both the logged value
   and the gradient are unbiased. The gradient path is k2 of the input-clamped delta without the output
   clamp, so it stays unbiased up to |delta| = 20.
@@ -24,7 +27,7 @@ categorical's support in tests/core/test_kl.py):
 import jax
 import jax.numpy as jnp
 
-from rubric_jax.core.losses import clamped_log_ratio
+from rubric_jax.core.losses import abs_zero_subgradient, clamped_log_ratio
 
 
 def _delta(logp_bt: jax.Array, ref_logp_bt: jax.Array, mask_bt: jax.Array, input_clamp: float) -> jax.Array:
@@ -74,6 +77,20 @@ def kl_k3(
     mask_bt = mask_bt.astype(bool)
     delta_bt = _delta(logp_bt, ref_logp_bt, mask_bt, input_clamp)
     return _finish(jnp.expm1(delta_bt) - delta_bt, mask_bt, output_clamp)
+
+
+def kl_abs(
+    logp_bt: jax.Array,
+    ref_logp_bt: jax.Array,
+    mask_bt: jax.Array,
+    *,
+    input_clamp: float = 20.0,
+    output_clamp: float = 10.0,
+) -> jax.Array:
+    """abs = |delta| = |log pi - log pi_ref| (verl "abs"). Conventions in the module docstring: it penalises
+    distance from the reference, but neither its value nor its gradient estimates the KL's."""
+    mask_bt = mask_bt.astype(bool)
+    return _finish(abs_zero_subgradient(_delta(logp_bt, ref_logp_bt, mask_bt, input_clamp)), mask_bt, output_clamp)
 
 
 def _with_k2_gradient(

@@ -145,6 +145,15 @@ def dual_clip_ppo_loss(
     return jnp.where(dual_clipped_bt, cap_bt, loss_bt), DualClipInfo(info.ratio_bt, info.clipped_bt, dual_clipped_bt)
 
 
+def _token_form_row_mean(x_bt: jax.Array, mask_bt: jax.Array) -> jax.Array:
+    """[B, T] whose value on every token of row b is the masked mean of x over the row's valid tokens (0 for a
+    row with none) and whose gradient at token t is x_t's own: (x_t - sg(x_t)) + sg(mean_b). Summed over a
+    row's tokens with weight 1 / |y_b| (seq-mean-token-mean), the gradient is that of the row mean itself."""
+    count_b = jnp.sum(mask_bt, axis=-1)
+    mean_b = jnp.sum(jnp.where(mask_bt, x_bt, 0), axis=-1) / jnp.maximum(count_b, 1)
+    return (x_bt - jax.lax.stop_gradient(x_bt)) + jax.lax.stop_gradient(mean_b)[:, None]
+
+
 def gspo_sequence_ratio(
     logp_bt: jax.Array,
     old_logp_bt: jax.Array,
@@ -165,10 +174,7 @@ def gspo_sequence_ratio(
     """
     mask_bt = mask_bt.astype(bool)
     log_ratio_bt = clamped_log_ratio(logp_bt, old_logp_bt, mask_bt, clamp=log_ratio_clamp)
-    count_b = jnp.sum(mask_bt, axis=-1)
-    seq_log_ratio_b = jnp.sum(log_ratio_bt, axis=-1) / jnp.maximum(count_b, 1)
-    token_part_bt = log_ratio_bt - jax.lax.stop_gradient(log_ratio_bt)
-    log_s_bt = token_part_bt + jax.lax.stop_gradient(seq_log_ratio_b)[:, None]
+    log_s_bt = _token_form_row_mean(log_ratio_bt, mask_bt)
     return jnp.where(mask_bt, jnp.exp(jnp.clip(log_s_bt, -seq_log_ratio_clamp, seq_log_ratio_clamp)), 0)
 
 
@@ -411,3 +417,304 @@ def subtract_entropy_bonus(
     _check_tokens(loss_bt, entropy_bt, mask_bt)
     mask_bt = mask_bt.astype(bool)
     return jnp.where(mask_bt, _masked(mask_bt, loss_bt) - coeff * _masked(mask_bt, entropy_bt), 0)
+
+
+# ---------------------------------------------------------------- soft gates, covariance control, geometric means
+
+
+class SoftGateInfo(NamedTuple):
+    """Per-token diagnostics of SAPO: the ratio r and the gate f(r) that replaced it; 0 on masked tokens."""
+
+    ratio_bt: jax.Array
+    gate_bt: jax.Array
+
+
+class ClipCovInfo(NamedTuple):
+    """`PolicyLossInfo` of Clip-Cov: `clipped_bt` marks every token that passes no gradient (PPO-clipped or
+    detached by the covariance rule); `cov_detached_bt` the latter alone (verl's pg_clipfrac for clip_cov)."""
+
+    ratio_bt: jax.Array
+    clipped_bt: jax.Array
+    cov_detached_bt: jax.Array
+
+
+class KlCovInfo(NamedTuple):
+    """Per-token diagnostics of KL-Cov: the ratio r and the tokens that carry the |log r| penalty."""
+
+    ratio_bt: jax.Array
+    penalised_bt: jax.Array
+
+
+class SequenceWeightInfo(NamedTuple):
+    """Per-token diagnostics of VESPO: the sequence ratio w_b and the detached weight phi that scales the
+    token's -A logp; 0 on masked tokens."""
+
+    ratio_bt: jax.Array
+    weight_bt: jax.Array
+
+
+def _floor_fraction(fraction: float, count: jax.Array) -> jax.Array:
+    """floor(fraction * count) as int32, computed as floor(count / (1 / fraction)) in float32: exact where the
+    product is an integer and 1 / fraction is one (2e-4 -> 5000, 0.2 -> 5), as the float64 int() of verl and
+    TRL gives there; float32 count * fraction would give 1.9999999 for 2e-4 * 10000. fraction 0 gives 0."""
+    if fraction == 0:
+        return jnp.zeros_like(count, jnp.int32)
+    return jnp.floor(count.astype(jnp.float32) / jnp.float32(1 / fraction)).astype(jnp.int32)
+
+
+def abs_zero_subgradient(x: jax.Array) -> jax.Array:
+    """|x| whose derivative is sign(x), 0 at x = 0, as torch's abs (verl's |log r| and "abs" KL); jnp.abs's is
+    1 at 0, which would push an on-policy token (log r = 0 exactly) in an arbitrary direction."""
+    return jnp.sign(x) * x
+
+
+def _descending_ranks(scores_bt: jax.Array, candidates_bt: jax.Array) -> jax.Array:
+    """Each candidate's 0-based rank among the candidates by descending score, equal scores ranked by row-major
+    position (the lower first); B * T for non-candidates. scores must be finite on candidates."""
+    size = scores_bt.size
+    keys = jnp.where(candidates_bt, -scores_bt, jnp.inf).ravel()
+    order = jnp.argsort(keys, stable=True)
+    ranks = jnp.zeros(size, jnp.int32).at[order].set(jnp.arange(size, dtype=jnp.int32))
+    return jnp.where(candidates_bt, ranks.reshape(scores_bt.shape), size)
+
+
+def top_k_tokens(scores_bt: jax.Array, candidates_bt: jax.Array, k: jax.Array) -> jax.Array:
+    """bool [B, T]: the min(k, number of candidates) candidates of highest score, over the whole batch; equal
+    scores are taken in row-major order (the lower position first), so the choice is deterministic. k may be a
+    traced integer; k <= 0 selects nothing. Scores must be finite on candidates."""
+    _check_tokens(scores_bt, candidates_bt)
+    candidates_bt = candidates_bt.astype(bool)
+    return candidates_bt & (_descending_ranks(as_stats_dtype(scores_bt), candidates_bt) < k)
+
+
+def token_covariance(logp_bt: jax.Array, advantages_bt: jax.Array, mask_bt: jax.Array) -> jax.Array:
+    """Each valid token's term of the covariance of log-probability and advantage over the batch's valid tokens,
+    (A_t - mean A)(logp_t - mean logp), the means over every valid token of the [B, T] it is given (Cui et al.
+    2025, "The Entropy Mechanism of Reinforcement Learning for Reasoning Language Models", section 4: the
+    entropy change is driven by this covariance; verl's clip_cov / kl_cov). Detached (a selection score, no
+    gradient), float32, 0 on masked tokens; an all-masked batch gives zeros.
+    """
+    _check_tokens(logp_bt, advantages_bt, mask_bt)
+    mask_bt = mask_bt.astype(bool)
+    logp_bt = jax.lax.stop_gradient(_masked(mask_bt, logp_bt))
+    advantages_bt = jax.lax.stop_gradient(_masked(mask_bt, advantages_bt))
+    count = jnp.maximum(jnp.sum(mask_bt), 1)
+    centred_logp_bt = logp_bt - jnp.sum(logp_bt) / count
+    centred_advantages_bt = advantages_bt - jnp.sum(advantages_bt) / count
+    return jnp.where(mask_bt, centred_advantages_bt * centred_logp_bt, 0)
+
+
+def sapo_loss(
+    logp_bt: jax.Array,
+    old_logp_bt: jax.Array,
+    advantages_bt: jax.Array,
+    mask_bt: jax.Array,
+    *,
+    tau_pos: float = 1.0,
+    tau_neg: float = 1.05,
+    log_ratio_clamp: float = 20.0,
+) -> tuple[jax.Array, SoftGateInfo]:
+    """SAPO (Gao et al. 2025, "Soft Adaptive Policy Optimization", arXiv 2511.20347; verl's and TRL's "sapo"):
+    loss = -f(r) A with the soft gate f(r) = (4 / tau) sigmoid(tau (r - 1)) in place of PPO's hard clip, tau =
+    tau_pos where A > 0 and tau_neg where A <= 0 (as verl and TRL; the paper's defaults 1.0 and 1.05, the
+    negative side decaying faster).
+
+    d loss / d logp = -A r f'(r) = -A * 4 r s (1 - s), s = sigmoid(tau (r - 1)): exactly the unclipped
+    surrogate's -A r at r = 1, and smoothly attenuated as r leaves 1 (never more than r, and at most
+    4 r e^(-tau |r - 1|)), so no token's gradient is cut off abruptly. The value at r = 1 is -2 A / tau, not -A:
+    only the gradient matches PPO's on-policy. verl and TRL aggregate it with seq-mean-token-mean; it is a
+    token-level loss and composes with any mode. Temperatures are static numbers > 0. Returns (loss_bt,
+    SoftGateInfo).
+    """
+    if not (tau_pos > 0 and tau_neg > 0):
+        raise ValueError(f"SAPO needs temperatures > 0, got tau_pos={tau_pos}, tau_neg={tau_neg}")
+    mask_bt = mask_bt.astype(bool)
+    ratio_bt = jnp.exp(clamped_log_ratio(logp_bt, old_logp_bt, mask_bt, clamp=log_ratio_clamp))
+    _check_tokens(ratio_bt, advantages_bt)
+    advantages_bt = _masked(mask_bt, advantages_bt)
+    tau_bt = jnp.where(advantages_bt > 0, tau_pos, tau_neg)
+    # exp(log_sigmoid) rather than sigmoid: its derivative comes out as s * sigmoid(-x), not s * (1 - s), which
+    # cancels to nothing in float32 where r >> 1 and the gate saturates
+    gate_bt = jnp.where(mask_bt, 4 / tau_bt * jnp.exp(jax.nn.log_sigmoid(tau_bt * (ratio_bt - 1))), 0)
+    return jnp.where(mask_bt, -gate_bt * advantages_bt, 0), SoftGateInfo(jnp.where(mask_bt, ratio_bt, 0), gate_bt)
+
+
+def clip_cov_loss(
+    logp_bt: jax.Array,
+    old_logp_bt: jax.Array,
+    advantages_bt: jax.Array,
+    mask_bt: jax.Array,
+    key: jax.Array,
+    *,
+    eps_low: float = 0.2,
+    eps_high: float = 0.2,
+    clip_cov_ratio: float = 2e-4,
+    clip_cov_lb: float = 1.0,
+    clip_cov_ub: float = 5.0,
+    log_ratio_clamp: float = 20.0,
+) -> tuple[jax.Array, ClipCovInfo]:
+    """Clip-Cov (Cui et al. 2025, "The Entropy Mechanism of Reinforcement Learning for Reasoning Language
+    Models", section 5.2; verl's "clip_cov"): PPO's clipped loss (`ppo_clip_loss`), with a few high-covariance
+    tokens detached, so that they cannot drive the entropy down.
+
+    Candidates: valid tokens that PPO's clip did not already decide and whose `token_covariance` lies strictly
+    inside (clip_cov_lb, clip_cov_ub). Of them, max(floor(clip_cov_ratio * n), 1) are detached (n the number
+    of valid tokens; all of them if fewer), chosen uniformly at random as in verl (torch.randperm): a token's
+    priority is jax.random.uniform(key, [B, T])[b, t] and the highest priorities win (`top_k_tokens`), so the
+    choice is a pure function of `key`. A detached token's loss is 0 (verl multiplies it by 0), value and
+    gradient. The covariance and the count are over the [B, T] the loss is given: in the accumulated train
+    step that is one micro-batch (all its data shards), as in verl, whose loss also sees one micro-batch.
+    Defaults are verl's (ratio 2e-4, band (1, 5)); clip_cov_ratio > 0 and lb < ub are static numbers.
+    Returns (loss_bt, ClipCovInfo).
+    """
+    if not clip_cov_ratio > 0:
+        raise ValueError(f"clip_cov_ratio must be > 0, got {clip_cov_ratio}")
+    if not clip_cov_lb < clip_cov_ub:
+        raise ValueError(f"clip_cov_lb must be < clip_cov_ub, got ({clip_cov_lb}, {clip_cov_ub})")
+    mask_bt = mask_bt.astype(bool)
+    loss_bt, info = ppo_clip_loss(
+        logp_bt, old_logp_bt, advantages_bt, mask_bt, eps_low=eps_low, eps_high=eps_high,
+        log_ratio_clamp=log_ratio_clamp,
+    )
+    cov_bt = token_covariance(logp_bt, advantages_bt, mask_bt)
+    candidates_bt = mask_bt & ~info.clipped_bt & (cov_bt > clip_cov_lb) & (cov_bt < clip_cov_ub)
+    count = jnp.maximum(_floor_fraction(clip_cov_ratio, jnp.sum(mask_bt)), 1)
+    detached_bt = top_k_tokens(jax.random.uniform(key, mask_bt.shape), candidates_bt, count)
+    return jnp.where(detached_bt, 0, loss_bt), ClipCovInfo(info.ratio_bt, info.clipped_bt | detached_bt, detached_bt)
+
+
+def kl_cov_loss(
+    logp_bt: jax.Array,
+    old_logp_bt: jax.Array,
+    advantages_bt: jax.Array,
+    mask_bt: jax.Array,
+    *,
+    kl_cov_ratio: float = 2e-4,
+    kl_coef: float = 1.0,
+    log_ratio_clamp: float = 20.0,
+) -> tuple[jax.Array, KlCovInfo]:
+    """KL-Cov (Cui et al. 2025, section 5.2; verl's "kl_cov"): the unclipped surrogate -r A on every token, plus
+    kl_coef * |log r| on the max(floor(kl_cov_ratio * n), 1) valid tokens of largest `token_covariance` (n the
+    number of valid tokens; none when n = 0). There is no PPO clip: the penalty is the trust region.
+
+    Deterministic: the top-k by covariance (torch.topk in verl), equal covariances taken in row-major order.
+    |log r| uses the clamped log r; its gradient at r = 1 is 0 (as torch's), so the penalty acts from the second
+    update on a batch on. Covariance and count are over the [B, T] the loss is given (one micro-batch of the
+    accumulated step, as in verl). Defaults: ratio 2e-4 (verl's), kl_coef 1 (verl's function default; its YAML
+    says 0.1). Returns (loss_bt, KlCovInfo).
+    """
+    if not kl_cov_ratio > 0:
+        raise ValueError(f"kl_cov_ratio must be > 0, got {kl_cov_ratio}")
+    mask_bt = mask_bt.astype(bool)
+    log_ratio_bt = clamped_log_ratio(logp_bt, old_logp_bt, mask_bt, clamp=log_ratio_clamp)
+    ratio_bt = jnp.exp(log_ratio_bt)
+    _check_tokens(ratio_bt, advantages_bt)
+    count_valid = jnp.sum(mask_bt)
+    count = jnp.where(count_valid > 0, jnp.maximum(_floor_fraction(kl_cov_ratio, count_valid), 1), 0)
+    penalised_bt = top_k_tokens(token_covariance(logp_bt, advantages_bt, mask_bt), mask_bt, count)
+    penalty_bt = jnp.where(penalised_bt, kl_coef * abs_zero_subgradient(log_ratio_bt), 0)
+    loss_bt = -_masked(mask_bt, advantages_bt) * ratio_bt + penalty_bt
+    return jnp.where(mask_bt, loss_bt, 0), KlCovInfo(jnp.where(mask_bt, ratio_bt, 0), penalised_bt)
+
+
+def gmpo_loss(
+    logp_bt: jax.Array,
+    old_logp_bt: jax.Array,
+    advantages_bt: jax.Array,
+    mask_bt: jax.Array,
+    *,
+    eps_low: float = 0.4,
+    eps_high: float = 0.4,
+    log_ratio_clamp: float = 20.0,
+) -> tuple[jax.Array, PolicyLossInfo]:
+    """GMPO (Zhao et al. 2025, "Geometric-Mean Policy Optimization", arXiv 2507.20673, eq 4; verl's "geo_mean"):
+    per sequence, loss_b = -A_b exp(mean_t l_t), the geometric mean of the token ratios with each token's log r
+    clipped in log space, on the side its advantage makes pessimistic: l_t = min(log r, eps_high) where A_t > 0,
+    max(log r, -eps_low) where A_t < 0, and 0 where A_t = 0 (verl's sgn(A) min(sgn(A) log r, sgn(A)
+    clip(log r))). A_b is the masked mean of A over the row (GMPO's sequence advantage; verl supports only
+    per-sequence advantages). Defaults (0.4, 0.4): the paper's range (e^-0.4, e^0.4).
+
+    Per token: loss_b on every valid token, with the gradient of `_token_form_row_mean` (token t's own clipped
+    log r), so that seq-mean-token-mean gives exactly (1 / #valid rows) sum_b loss_b and its gradient: aggregate
+    with that mode. verl averages over all rows, fully masked ones included; here they are not counted. The
+    log r is first clamped to +-log_ratio_clamp (verl leaves it unclamped). `ratio_bt` is the row's ratio;
+    `clipped_bt` marks tokens whose clip is active (no gradient). Returns (loss_bt, PolicyLossInfo).
+    """
+    mask_bt = mask_bt.astype(bool)
+    log_ratio_bt = clamped_log_ratio(logp_bt, old_logp_bt, mask_bt, clamp=log_ratio_clamp)
+    _check_tokens(log_ratio_bt, advantages_bt)
+    advantages_bt = _masked(mask_bt, advantages_bt)
+    clipped_high_bt = (advantages_bt > 0) & (log_ratio_bt > eps_high)
+    clipped_low_bt = (advantages_bt < 0) & (log_ratio_bt < -eps_low)
+    token_log_ratio_bt = jnp.where(
+        clipped_high_bt, eps_high, jnp.where(clipped_low_bt, -eps_low, jnp.where(advantages_bt == 0, 0, log_ratio_bt))
+    )
+    ratio_bt = jnp.where(mask_bt, jnp.exp(_token_form_row_mean(token_log_ratio_bt, mask_bt)), 0)
+    count_b = jnp.maximum(jnp.sum(mask_bt, axis=-1), 1)
+    sequence_advantage_b = jnp.sum(advantages_bt, axis=-1) / count_b
+    loss_bt = jnp.where(mask_bt, -sequence_advantage_b[:, None] * ratio_bt, 0)
+    return loss_bt, PolicyLossInfo(ratio_bt, mask_bt & (clipped_high_bt | clipped_low_bt))
+
+
+def vespo_loss(
+    logp_bt: jax.Array,
+    old_logp_bt: jax.Array,
+    advantages_bt: jax.Array,
+    mask_bt: jax.Array,
+    *,
+    k_pos: float = 2.0,
+    lambda_pos: float = 3.0,
+    k_neg: float = 3.0,
+    lambda_neg: float = 2.0,
+    log_ratio_clamp: float = 20.0,
+) -> tuple[jax.Array, SequenceWeightInfo]:
+    """VESPO (arXiv 2602.10693, "Variational Sequence-Level Soft Policy Optimization"; TRL's loss_type "vespo",
+    GRPOTrainer.get_gamma_weights): loss = -sg(phi) A logp, phi = e^lambda w^k e^(-lambda w) (so phi(1) = 1), a
+    smooth weight of the sequence ratio w_b = exp(clip(sum_t log r_t, log 1e-8, 20)) (a sum, not a mean) that
+    replaces hard clipping. (k, lambda) = (k_pos, lambda_pos) where A >= 0, (k_neg, lambda_neg) where A < 0 (as
+    TRL; its defaults). phi is computed in log space and detached, a non-finite phi is 0 (TRL's nan_to_num).
+    Like CISPO's, the loss value is a surrogate; only its gradient -phi A is meaningful. TRL aggregates it as
+    token-mean. TRL folds its rollout importance ratio into w; here a rollout correction multiplies the loss
+    afterwards, as for every loss. k >= 0 and lambda > 0 are static numbers. Returns (loss_bt, SequenceWeightInfo).
+    """
+    if not (k_pos >= 0 and k_neg >= 0 and lambda_pos > 0 and lambda_neg > 0):
+        raise ValueError(f"VESPO needs k >= 0 and lambda > 0, got k=({k_pos}, {k_neg}), "
+                         f"lambda=({lambda_pos}, {lambda_neg})")
+    mask_bt = mask_bt.astype(bool)
+    log_ratio_bt = clamped_log_ratio(logp_bt, old_logp_bt, mask_bt, clamp=log_ratio_clamp)
+    _check_tokens(log_ratio_bt, advantages_bt)
+    log_w_b = jax.lax.stop_gradient(jnp.clip(jnp.sum(log_ratio_bt, axis=-1), jnp.log(1e-8), 20.0))[:, None]
+    advantages_bt = _masked(mask_bt, advantages_bt)
+    non_negative_bt = advantages_bt >= 0
+    k_bt = jnp.where(non_negative_bt, k_pos, k_neg)
+    lambda_bt = jnp.where(non_negative_bt, lambda_pos, lambda_neg)
+    phi_bt = jnp.exp(lambda_bt + k_bt * log_w_b - lambda_bt * jnp.exp(log_w_b))
+    phi_bt = jnp.where(mask_bt & jnp.isfinite(phi_bt), phi_bt, 0)
+    loss_bt = jnp.where(mask_bt, -phi_bt * advantages_bt * _masked(mask_bt, logp_bt), 0)
+    return loss_bt, SequenceWeightInfo(jnp.where(mask_bt, jnp.exp(log_w_b), 0), phi_bt)
+
+
+def high_entropy_mask(entropy_bt: jax.Array, mask_bt: jax.Array, *, top_fraction: float) -> jax.Array:
+    """Token selection of "Beyond the 80/20 Rule" (Wang et al. 2025, arXiv 2506.01939; TRL's
+    top_entropy_quantile rho): bool [B, T], True on the valid tokens whose entropy is among the top fraction of
+    the batch's valid tokens; multiply the policy loss by it to train on the high-entropy "forking" tokens only.
+
+    Rule, with n valid tokens: k = 1 + floor(top_fraction * (n - 1)); keep every valid token whose entropy is
+    >= the k-th largest valid entropy. Ties at that threshold are all kept (so possibly more than k tokens),
+    which makes the selection independent of token order. This is TRL's rule exactly: it keeps entropies >=
+    torch.quantile(valid entropies, 1 - rho), and that linearly interpolated quantile lies in (s_(j-1), s_j],
+    s_j the ceil((1 - rho)(n - 1))-th order statistic, i.e. the k-th largest. top_fraction 1 keeps every valid
+    token, 0 the maximal ones only; the paper uses 0.2. The fraction is of the [B, T] given: in the
+    accumulated train step one micro-batch (all its data shards), as TRL's per-micro-batch gather. No gradient
+    flows through the selection. An all-masked batch selects nothing. top_fraction is a static number in [0, 1].
+    """
+    if not 0 <= top_fraction <= 1:
+        raise ValueError(f"top_fraction must be in [0, 1], got {top_fraction}")
+    _check_tokens(entropy_bt, mask_bt)
+    mask_bt = mask_bt.astype(bool)
+    entropy_bt = jax.lax.stop_gradient(_masked(mask_bt, entropy_bt))
+    count = jnp.sum(mask_bt)
+    k = 1 + _floor_fraction(top_fraction, jnp.maximum(count - 1, 0))
+    descending = -jnp.sort(jnp.where(mask_bt, -entropy_bt, jnp.inf).ravel())
+    threshold = descending[jnp.clip(k - 1, 0, entropy_bt.size - 1)]
+    return mask_bt & (entropy_bt >= threshold) & (count > 0)

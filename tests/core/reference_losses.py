@@ -386,7 +386,7 @@ def top_k(scores, candidates, k: int) -> np.ndarray:
     return chosen
 
 
-def clip_cov(logp, old_logp, advantages, mask, priority, eps_low, eps_high, ratio, lb, ub) -> tuple[RefLoss, np.ndarray]:
+def clip_cov(logp, old_logp, advantages, mask, priority, eps_low, eps_high, ratio, lb, ub) -> tuple[RefLoss, ...]:
     """verl's compute_policy_loss_clip_cov with its random choice replaced by the given priorities: PPO clip;
     candidates = valid, not PPO-clipped, lb < cov < ub; the max(int(ratio * n), 1) of highest priority get loss
     0 and gradient 0. Returns (loss with clipped = PPO-clipped or detached, detached)."""

@@ -15,6 +15,7 @@ ESTIMATORS = {
     "k3": kl.kl_k3,
     "k1_k2_grad": kl.kl_k1_k2_grad,
     "k3_k2_grad": kl.kl_k3_k2_grad,
+    "abs": kl.kl_abs,
 }
 
 
@@ -92,7 +93,10 @@ def test_estimator_matches_reference(name, dtype):
     for seed in SEEDS:
         x, r = draw(seed, dtype)
         value, grad = JITTED[name](x.logp, x.ref_logp, x.mask)
-        expected_value, expected_grad = ref.kl(r.logp, r.ref_logp, r.mask, name)
+        if name == "abs":
+            expected_value, expected_grad = ref.kl_abs(r.logp, r.ref_logp, r.mask)
+        else:
+            expected_value, expected_grad = ref.kl(r.logp, r.ref_logp, r.mask, name)
         assert np.asarray(value).dtype == np.float32
         np.testing.assert_allclose(value, expected_value, **F32)
         grad = np.asarray(grad).astype(np.float64)
@@ -184,3 +188,33 @@ def test_reference_item_10_k1_and_k3_values_are_unbiased(name, seed):
     np.testing.assert_allclose(
         expected_over_policy(ESTIMATORS[name], theta, ref_logp), reverse_kl(theta, ref_logp), rtol=1e-5, atol=1e-7
     )
+
+
+# ---------------------------------------------------------------- verl's "abs"
+
+
+def test_abs_hand_computed_values_gradients_and_clamps():
+    # delta = ref - logp: ln 2 -> |delta| = 0.6931472, d/dlogp = -sign(delta) = -1; -0.5 -> 0.5, +1;
+    # 0 -> 0 with gradient 0 (torch's abs); -12 -> 10 at the output clamp, no gradient; 25 -> 20 -> 10, none
+    logp = jnp.zeros((1, 5))
+    ref_logp = jnp.asarray([[math.log(2.0), -0.5, 0.0, -12.0, 25.0]])
+    value, grad = JITTED["abs"](logp, ref_logp, jnp.ones((1, 5), bool))
+    np.testing.assert_allclose(value, [[math.log(2.0), 0.5, 0.0, 10.0, 10.0]], rtol=1e-6)
+    np.testing.assert_array_equal(grad, [[-1.0, 1.0, 0.0, 0.0, 0.0]])
+
+
+def total_variation_times_two(theta, ref_logp):
+    """sum_y |pi(y) - ref(y)|, exactly."""
+    return jnp.sum(jnp.abs(jnp.exp(jax.nn.log_softmax(theta)) - jnp.exp(ref_logp)))
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_abs_gradient_is_the_total_variation_gradient_and_its_value_bounds_kl(seed):
+    """E_pi[grad |log pi - log ref|] = sum_y pi sign(log pi - log ref) grad log pi = sum_y sign(pi - ref) grad pi
+    = grad sum_y |pi - ref|: twice the total variation's gradient, not the KL's. Its value E_pi |log pi / ref|
+    is >= |E_pi log pi / ref| = KL(pi || ref)."""
+    theta, ref_logp = toy_categorical(seed)
+    abs_gradient = expected_gradient(kl.kl_abs, theta, ref_logp)
+    np.testing.assert_allclose(abs_gradient, jax.grad(total_variation_times_two)(theta, ref_logp), **GRAD_TOL)
+    assert np.max(np.abs(abs_gradient - jax.grad(reverse_kl)(theta, ref_logp))) > 1e-2
+    assert expected_over_policy(kl.kl_abs, theta, ref_logp) >= reverse_kl(theta, ref_logp)

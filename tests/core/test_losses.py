@@ -546,3 +546,362 @@ def test_off_policy_max_clip_bounds_the_shaped_loss(logp_bt, advantages_bt, max_
     assert np.all(np.abs(clipped) <= max_clip * np.abs(advantages_bt) * (1 + 1e-6))
     assert np.all(np.abs(clipped) <= np.abs(unclipped) * (1 + 1e-6))
     assert np.all(np.sign(clipped) * np.sign(unclipped) >= 0)
+
+
+# ---------------------------------------------------------------- SAPO, Clip-Cov, KL-Cov, GMPO, VESPO, entropy mask
+
+KEY = jax.random.PRNGKey(7)
+sapo = with_token_grad(functools.partial(losses.sapo_loss, tau_pos=1.0, tau_neg=1.05))
+gmpo = with_token_grad(functools.partial(losses.gmpo_loss, eps_low=0.4, eps_high=0.4))
+vespo = with_token_grad(losses.vespo_loss)
+clip_cov = with_token_grad(functools.partial(losses.clip_cov_loss, eps_low=0.2, eps_high=0.28, clip_cov_ratio=0.1))
+kl_cov = with_token_grad(functools.partial(losses.kl_cov_loss, kl_cov_ratio=0.1, kl_coef=1.0))
+entropy_mask = jax.jit(losses.high_entropy_mask, static_argnames="top_fraction")
+
+
+def test_sapo_hand_computed_gate_value_and_gradient():
+    # r = 1, A = 1, tau_pos = 1: f = 4 sigmoid(0) = 2 -> loss -2; d/dlogp = -A * 4 r s (1 - s) = -1 (PPO's -r A)
+    # r = 1, A = -1, tau_neg = 1.05: f = 4 / 1.05 * 0.5 = 1.9047619 -> loss 1.9047619; gradient 1
+    # r = 2, A = 1: s = sigmoid(1) = 0.7310586, f = 2.9242344, gradient -8 s (1 - s) = -1.5728954
+    logp = tokens(0.0, 0.0, math.log(2.0))
+    loss, info, grad = sapo(logp, tokens(0.0, 0.0, 0.0), tokens(1.0, -1.0, 1.0), jnp.ones((1, 3), bool))
+    np.testing.assert_allclose(loss, [[-2.0, 1.9047619, -2.9242344]], rtol=1e-6)
+    np.testing.assert_allclose(info.gate_bt, [[2.0, 1.9047619, 2.9242344]], rtol=1e-6)
+    np.testing.assert_allclose(grad, [[-1.0, 1.0, -1.5728954]], rtol=1e-6)
+
+
+@pytest.mark.parametrize("taus", [(0.0, 1.0), (1.0, -1.0)])
+def test_sapo_rejects_non_positive_temperatures(taus):
+    with pytest.raises(ValueError, match="temperatures > 0"):
+        losses.sapo_loss(tokens(0.0), tokens(0.0), tokens(1.0), jnp.ones((1, 1), bool), tau_pos=taus[0],
+                         tau_neg=taus[1])
+
+
+# logp - mean(logp) = [1.5, 1, -1.5, -1] (mean -2), A - mean(A) = [2, -2, -2, 2] (mean 1): covariance terms
+# [3, -2, 3, -2]. Tokens 0 and 2 lie in Clip-Cov's band (1, 5) and tie for KL-Cov's top covariance.
+COV_LOGP = tokens(-0.5, -1.0, -3.5, -3.0)
+COV_ADVANTAGES = tokens(3.0, -1.0, -1.0, 3.0)
+FOUR = jnp.ones((1, 4), bool)
+
+
+def test_token_covariance_hand_computed_and_masked():
+    np.testing.assert_allclose(losses.token_covariance(COV_LOGP, COV_ADVANTAGES, FOUR), [[3.0, -2.0, 3.0, -2.0]])
+    # token 3 masked (NaN there): means over [-0.5, -1, -3.5] = -5/3 and [3, -1, -1] = 1/3
+    mask = jnp.asarray([[True, True, True, False]])
+    cov = losses.token_covariance(COV_LOGP.at[0, 3].set(jnp.nan), COV_ADVANTAGES, mask)
+    expected = [(8 / 3) * (7 / 6), (-4 / 3) * (2 / 3), (-4 / 3) * (-11 / 6), 0.0]
+    np.testing.assert_allclose(cov, [expected], rtol=1e-6)
+    np.testing.assert_array_equal(losses.token_covariance(COV_LOGP, COV_ADVANTAGES, ~FOUR), 0.0)
+
+
+def test_clip_cov_hand_computed():
+    # on-policy (r = 1): PPO's loss is -A = [-3, 1, 1, -3]; clip_cov_ratio 0.25 of 4 valid tokens -> 1 token is
+    # detached, the candidate (token 0 or 2) of higher priority uniform(key)
+    loss_fn = functools.partial(losses.clip_cov_loss, eps_low=0.2, eps_high=0.2, clip_cov_ratio=0.25)
+    priority = np.asarray(jax.random.uniform(KEY, (1, 4)))[0]
+    chosen = 0 if priority[0] > priority[2] else 2
+    loss, info = loss_fn(COV_LOGP, COV_LOGP, COV_ADVANTAGES, FOUR, KEY)
+    expected = np.array([[-3.0, 1.0, 1.0, -3.0]])
+    expected[0, chosen] = 0.0
+    np.testing.assert_allclose(loss, expected, rtol=1e-6)
+    np.testing.assert_array_equal(info.cov_detached_bt[0], np.arange(4) == chosen)
+    # ratio 0.5 -> 2 tokens: both candidates, whatever the key; a band (3.5, 5) has no candidate
+    loss, info = loss_fn(COV_LOGP, COV_LOGP, COV_ADVANTAGES, FOUR, KEY, clip_cov_ratio=0.5)
+    np.testing.assert_allclose(loss, [[0.0, 1.0, 0.0, -3.0]], rtol=1e-6)
+    loss, info = loss_fn(COV_LOGP, COV_LOGP, COV_ADVANTAGES, FOUR, KEY, clip_cov_lb=3.5)
+    np.testing.assert_allclose(loss, [[-3.0, 1.0, 1.0, -3.0]], rtol=1e-6)
+    assert not bool(info.clipped_bt.any())
+    # token 0 at r = 1.5 with A = 3 is PPO-clipped (loss -3 * 1.2), so it is no candidate: token 2 is detached
+    old = COV_LOGP.at[0, 0].add(-math.log(1.5))
+    loss, info, grad = with_token_grad(functools.partial(loss_fn, eps_high=0.2))(COV_LOGP, old, COV_ADVANTAGES,
+                                                                                  FOUR, KEY)
+    np.testing.assert_allclose(loss, [[-3.6, 1.0, 0.0, -3.0]], rtol=1e-6)
+    np.testing.assert_array_equal(info.clipped_bt, [[True, False, True, False]])
+    np.testing.assert_array_equal(info.cov_detached_bt, [[False, False, True, False]])
+    np.testing.assert_allclose(grad, [[0.0, 1.0, 0.0, -3.0]], rtol=1e-6)
+
+
+def test_kl_cov_hand_computed():
+    # log r = [0.1, 0, 0, -0.2]; ratio 0.25 of 4 tokens -> 1 penalised: tokens 0 and 2 tie at covariance 3 and
+    # the lower position wins. loss = -A r (+ |log r| on token 0): [-3 e^0.1 + 0.1, 1, 1, -3 e^-0.2]
+    old = COV_LOGP - tokens(0.1, 0.0, 0.0, -0.2)
+    loss, info, grad = kl_cov(COV_LOGP, old, COV_ADVANTAGES, FOUR)  # ratio 0.1 -> max(floor(0.4), 1) = 1
+    np.testing.assert_allclose(loss, [[-3 * math.exp(0.1) + 0.1, 1.0, 1.0, -3 * math.exp(-0.2)]], rtol=1e-6)
+    np.testing.assert_array_equal(info.penalised_bt, [[True, False, False, False]])
+    # d/dlogp = -A r + coef sign(log r): [-3 e^0.1 + 1, 1, 1, -3 e^-0.2]
+    np.testing.assert_allclose(grad, [[-3 * math.exp(0.1) + 1, 1.0, 1.0, -3 * math.exp(-0.2)]], rtol=1e-6)
+    # ratio 0.5 -> tokens 0 and 2; token 2 is on-policy (log r = 0): no penalty and, as in torch, no gradient
+    loss, info = losses.kl_cov_loss(COV_LOGP, old, COV_ADVANTAGES, FOUR, kl_cov_ratio=0.5)
+    np.testing.assert_array_equal(info.penalised_bt, [[True, False, True, False]])
+    np.testing.assert_allclose(loss[0, 2], 1.0, rtol=1e-6)
+
+
+def test_gmpo_hand_computed():
+    # row 0, A = 1: log r [0.5, -0.5, 0.1] -> [0.4 (clipped above), -0.5 (not clipped below), 0.1], mean 0:
+    #   s = 1, loss -1 on every token, token gradient -A s on unclipped tokens: [0, -1, -1]
+    # row 1, A = -1: -> [0.5 (not clipped above), -0.4 (clipped below), 0.1], mean 0.2 / 3: s = e^(1/15)
+    log_ratio = jnp.asarray([[0.5, -0.5, 0.1], [0.5, -0.5, 0.1]])
+    advantages = jnp.asarray([[1.0] * 3, [-1.0] * 3])
+    s = math.exp(1 / 15)
+    loss, info, grad = gmpo(log_ratio - 1.0, jnp.full((2, 3), -1.0), advantages, jnp.ones((2, 3), bool))
+    np.testing.assert_allclose(loss, [[-1.0] * 3, [s] * 3], rtol=1e-6)
+    np.testing.assert_allclose(info.ratio_bt, [[1.0] * 3, [s] * 3], rtol=1e-6)
+    np.testing.assert_array_equal(info.clipped_bt, [[True, False, False], [False, True, False]])
+    np.testing.assert_allclose(grad, [[0.0, -1.0, -1.0], [s, 0.0, s]], rtol=1e-6)
+    # seq-mean-token-mean gives GMPO's objective: the mean over sequences of -A s
+    terms = agg.seq_mean_token_mean(loss, jnp.ones((2, 3), bool))
+    np.testing.assert_allclose(agg.finalize(*terms), (-1.0 + s) / 2, rtol=1e-6)
+
+
+def test_vespo_hand_computed():
+    # on-policy, w = 1: phi = e^(lambda + k * 0 - lambda) = 1, so the loss is REINFORCE's -A logp, gradient -A
+    logp = tokens(-1.0, -2.0)
+    loss, info, grad = vespo(logp, logp, tokens(1.0, 1.0), ALL)
+    np.testing.assert_allclose(loss, [[1.0, 2.0]], rtol=1e-6)
+    np.testing.assert_allclose(grad, [[-1.0, -1.0]], rtol=1e-6)
+    # log r = [0.1, 0.2]: w = e^0.3 (the sum, not the mean); A = 1 -> (k, lambda) = (2, 3):
+    # phi = e^(3 + 0.6 - 3 e^0.3) = e^-0.4495764 = 0.6378764; A = -1 -> (3, 2): phi = e^(2 + 0.9 - 2 e^0.3)
+    old = logp - tokens(0.1, 0.2)
+    loss, info, grad = vespo(logp, old, tokens(1.0, -1.0), ALL)
+    phi_pos, phi_neg = math.exp(3.6 - 3 * math.exp(0.3)), math.exp(2.9 - 2 * math.exp(0.3))
+    np.testing.assert_allclose(info.weight_bt, [[phi_pos, phi_neg]], rtol=1e-6)
+    np.testing.assert_allclose(info.ratio_bt, [[math.exp(0.3)] * 2], rtol=1e-6)
+    np.testing.assert_allclose(loss, [[phi_pos, -2 * phi_neg]], rtol=1e-6)  # -phi A logp
+    np.testing.assert_allclose(grad, [[-phi_pos, phi_neg]], rtol=1e-6)
+
+
+def test_high_entropy_mask_hand_computed():
+    # 5 valid tokens, sorted entropies 3, 2, 2, 1, 0.5; the masked token's 9 is ignored.
+    # top 0.5: k = 1 + floor(0.5 * 4) = 3 -> threshold 2 -> tokens 1, 3, 4
+    # top 0.2: k = 1 + floor(0.8) = 1 -> threshold 3 -> token 3
+    # top 0.25: k = 1 + floor(1.0) = 2 -> threshold 2: the tie keeps 3 tokens (TRL: quantile(0.75) = 2, >= 2)
+    entropy = tokens(0.5, 2.0, 1.0, 3.0, 2.0, 9.0)
+    mask = jnp.asarray([[True] * 5 + [False]])
+    expected = {0.5: [0, 1, 0, 1, 1, 0], 0.2: [0, 0, 0, 1, 0, 0], 0.25: [0, 1, 0, 1, 1, 0],
+                1.0: [1, 1, 1, 1, 1, 0], 0.0: [0, 0, 0, 1, 0, 0]}
+    for fraction, kept in expected.items():
+        np.testing.assert_array_equal(entropy_mask(entropy, mask, top_fraction=fraction), [np.array(kept, bool)])
+    assert not bool(entropy_mask(entropy, jnp.zeros_like(mask), top_fraction=0.2).any())
+
+
+@pytest.mark.parametrize("fraction", [-0.1, 1.5])
+def test_high_entropy_mask_rejects_fractions_outside_0_1(fraction):
+    with pytest.raises(ValueError, match="top_fraction"):
+        losses.high_entropy_mask(tokens(1.0), jnp.ones((1, 1), bool), top_fraction=fraction)
+
+
+def test_cov_losses_reject_bad_settings():
+    args = (COV_LOGP, COV_LOGP, COV_ADVANTAGES, FOUR)
+    with pytest.raises(ValueError, match="clip_cov_ratio"):
+        losses.clip_cov_loss(*args, KEY, clip_cov_ratio=0.0)
+    with pytest.raises(ValueError, match="clip_cov_lb must be < clip_cov_ub"):
+        losses.clip_cov_loss(*args, KEY, clip_cov_lb=5.0, clip_cov_ub=1.0)
+    with pytest.raises(ValueError, match="kl_cov_ratio"):
+        losses.kl_cov_loss(*args, kl_cov_ratio=0.0)
+    with pytest.raises(ValueError, match="VESPO needs"):
+        losses.vespo_loss(*args, lambda_pos=0.0)
+
+
+@DTYPES
+def test_sapo_matches_reference(dtype):
+    for seed in SEEDS:
+        x, r = draw(seed, dtype)
+        loss, info, grad = sapo(x.logp, x.old_logp, x.advantages, x.mask)
+        expected, gates = ref.sapo(r.logp, r.old_logp, r.advantages, r.mask, 1.0, 1.05)
+        assert_values(loss, expected.loss)
+        assert_values(info.ratio_bt, expected.ratio)
+        assert_values(info.gate_bt, gates)
+        assert_grads(grad, expected.grad, dtype)
+
+
+@DTYPES
+def test_clip_cov_matches_reference(dtype):
+    detached = 0
+    for seed in SEEDS:
+        x, r = draw(seed, dtype)
+        key = jax.random.PRNGKey(seed)
+        loss, info, grad = clip_cov(x.logp, x.old_logp, x.advantages, x.mask, key)
+        priority = np.asarray(jax.random.uniform(key, x.mask.shape))
+        expected, expected_detached = ref.clip_cov(r.logp, r.old_logp, r.advantages, r.mask, priority, 0.2, 0.28,
+                                                   0.1, 1.0, 5.0)
+        assert_matches((loss, info, grad), expected, dtype)
+        np.testing.assert_array_equal(info.cov_detached_bt, expected_detached)
+        detached += int(expected_detached.sum())
+    assert detached > 10  # the random batches do have candidates in the band
+
+
+@DTYPES
+def test_kl_cov_matches_reference(dtype):
+    for seed in SEEDS:
+        x, r = draw(seed, dtype)
+        loss, info, grad = kl_cov(x.logp, x.old_logp, x.advantages, x.mask)
+        expected, penalised = ref.kl_cov(r.logp, r.old_logp, r.advantages, r.mask, 0.1, 1.0)
+        np.testing.assert_array_equal(info.penalised_bt, penalised)
+        assert_values(loss, expected.loss)
+        assert_values(info.ratio_bt, expected.ratio)
+        assert_grads(grad, expected.grad, dtype)
+
+
+@DTYPES
+def test_gmpo_matches_reference(dtype):
+    clipped = 0
+    for seed in SEEDS:
+        x, r = draw(seed, dtype)
+        expected = ref.gmpo(r.logp, r.old_logp, r.advantages, r.mask, 0.4, 0.4)
+        assert_matches(gmpo(x.logp, x.old_logp, x.advantages, x.mask), expected, dtype)
+        clipped += int(expected.clipped.sum())
+    assert clipped > 10
+
+
+@DTYPES
+def test_vespo_matches_reference(dtype):
+    for seed in SEEDS:
+        x, r = draw(seed, dtype)
+        loss, info, grad = vespo(x.logp, x.old_logp, x.advantages, x.mask)
+        expected, phi = ref.vespo(r.logp, r.old_logp, r.advantages, r.mask, 2.0, 3.0, 3.0, 2.0)
+        assert_values(loss, expected.loss)
+        assert_values(info.ratio_bt, expected.ratio)
+        assert_values(info.weight_bt, phi)
+        assert_grads(grad, expected.grad, dtype)
+
+
+@DTYPES
+@pytest.mark.parametrize("fraction", [0.0, 0.2, 0.5, 1.0])
+def test_high_entropy_mask_matches_trl_quantile_rule(dtype, fraction):
+    for seed in SEEDS:
+        x, r = draw(seed, dtype)
+        expected = ref.high_entropy_mask(r.entropy, r.mask, fraction)
+        np.testing.assert_array_equal(entropy_mask(x.entropy, x.mask, top_fraction=fraction), expected)
+
+
+# ---------------------------------------------------------------- properties of the new losses
+
+NEW_LOSSES = {
+    "sapo": sapo,
+    "gmpo": gmpo,
+    "vespo": vespo,
+    "kl_cov": kl_cov,
+    "clip_cov": lambda *args: clip_cov(*args, KEY),
+}
+
+
+@pytest.mark.parametrize("name", list(NEW_LOSSES))
+def test_new_losses_masked_tokens_give_zero_and_all_masked_batch_is_finite(name):
+    x, _ = draw(3, np.float32)
+    loss, info, grad = NEW_LOSSES[name](x.logp, x.old_logp, x.advantages, x.mask)
+    for values in (loss, grad, *info):
+        values = np.asarray(values)
+        assert np.all(np.isfinite(values.astype(np.float32)))
+        assert not np.any(values[~x.mask])
+    loss, info, grad = NEW_LOSSES[name](x.logp, x.old_logp, x.advantages, np.zeros_like(x.mask))
+    for values in (loss, grad, *info):
+        np.testing.assert_array_equal(np.asarray(values), 0)
+
+
+small_log_ratio = arrays(np.float32, (2, 4), elements=st.floats(-3, 3, width=32))
+advantages_24 = arrays(np.float32, (2, 4), elements=st.floats(-3, 3, width=32))
+
+
+@given(small_log_ratio, advantages_24, st.floats(0.25, 4, width=32), st.floats(0.25, 4, width=32))
+def test_sapo_gate_is_bounded_and_its_gradient_is_ppo_on_policy(log_ratio_bt, advantages_bt, tau_pos, tau_neg):
+    """0 <= f(r) <= 4 / tau; the gradient weight g = (d loss / d logp) / -A lies in [0, min(r, 4 r e^(-tau |r - 1|))]
+    (sigmoid' <= min(1/4, e^-|x|)); at r = 1 the gradient is the unclipped surrogate's."""
+    mask = jnp.ones((2, 4), bool)
+    loss_fn = with_token_grad(functools.partial(losses.sapo_loss, tau_pos=float(tau_pos), tau_neg=float(tau_neg)))
+    logp, old = jnp.zeros((2, 4)), -jnp.asarray(log_ratio_bt)
+    _, info, grad = loss_fn(logp, old, advantages_bt, mask)
+    tau = np.where(advantages_bt > 0, tau_pos, tau_neg).astype(np.float64)
+    gate, ratio = np.asarray(info.gate_bt, np.float64), np.exp(log_ratio_bt.astype(np.float64))
+    assert np.all((gate >= 0) & (gate <= 4 / tau * (1 + 1e-6)))
+    nonzero = advantages_bt != 0
+    weight = np.asarray(grad, np.float64)[nonzero] / -advantages_bt[nonzero]
+    bound = np.minimum(ratio, 4 * ratio * np.exp(-tau * np.abs(ratio - 1)))[nonzero]
+    assert np.all((weight >= -1e-6) & (weight <= bound * (1 + 1e-5) + 1e-6))
+    _, _, on_policy_grad = loss_fn(logp, logp, advantages_bt, mask)
+    _, _, surrogate_grad = no_clip(logp, logp, advantages_bt, mask)
+    np.testing.assert_allclose(on_policy_grad, surrogate_grad, rtol=1e-6, atol=1e-7)
+
+
+def gmpo_sequence_objective(logp_bt, old_logp_bt, advantages_bt, eps_low=0.4, eps_high=0.4):
+    """GMPO eq 4 written per sequence (full rows), as the paper states it: mean_b -A_b exp(mean_t l_t)."""
+    log_ratio = logp_bt - old_logp_bt
+    sign = jnp.sign(advantages_bt)
+    clipped = sign * jnp.minimum(sign * log_ratio, sign * jnp.clip(log_ratio, -eps_low, eps_high))
+    return jnp.mean(-jnp.mean(advantages_bt, axis=-1) * jnp.exp(jnp.mean(clipped, axis=-1)))
+
+
+@given(small_log_ratio, advantages_24)
+def test_gmpo_token_form_aggregates_to_the_sequence_objective_and_its_gradient(log_ratio_bt, advantages_bt):
+    mask = jnp.ones((2, 4), bool)
+    old = jnp.full((2, 4), -2.0)
+    logp = old + jnp.asarray(log_ratio_bt)
+
+    def aggregated(lp):
+        return agg.finalize(*agg.seq_mean_token_mean(losses.gmpo_loss(lp, old, advantages_bt, mask)[0], mask))
+
+    value, grad = jax.value_and_grad(aggregated)(logp)
+    expected_value, expected_grad = jax.value_and_grad(gmpo_sequence_objective)(logp, old, advantages_bt)
+    np.testing.assert_allclose(value, expected_value, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(grad, expected_grad, rtol=1e-5, atol=1e-6)
+
+
+@given(
+    entropy_bt=arrays(np.float32, (3, 4), elements=st.sampled_from([0.0, 0.5, 1.0, 2.0, 3.5]) | st.floats(0, 5,
+                                                                                                            width=32)),
+    mask_bt=arrays(np.bool_, (3, 4)),
+    fraction=st.just(0.0) | st.floats(1e-6, 1),
+    permutation_seed=st.integers(0, 2**16),
+)
+def test_high_entropy_mask_properties(entropy_bt, mask_bt, fraction, permutation_seed):
+    """Kept tokens are valid, at least k = 1 + floor(fraction (n - 1)) of them (exactly k without ties at the
+    threshold), every kept entropy >= every dropped valid one, and the choice does not depend on token order."""
+    kept = np.asarray(losses.high_entropy_mask(entropy_bt, mask_bt, top_fraction=fraction))
+    n = int(mask_bt.sum())
+    assert not np.any(kept & ~mask_bt)
+    if n == 0:
+        assert not kept.any()
+        return
+    k = 1 + int(np.floor(np.float32(n - 1) / np.float32(1 / fraction))) if fraction else 1
+    assert kept.sum() >= k
+    dropped = mask_bt & ~kept
+    if dropped.any():
+        assert entropy_bt[kept].min() > entropy_bt[dropped].max()
+    if len(np.unique(entropy_bt[mask_bt])) == n:
+        assert kept.sum() == k
+    order = np.random.RandomState(permutation_seed).permutation(entropy_bt.size)
+    shuffled = losses.high_entropy_mask(entropy_bt.ravel()[order].reshape(3, 4), mask_bt.ravel()[order].reshape(3, 4),
+                                        top_fraction=fraction)
+    np.testing.assert_array_equal(np.asarray(shuffled).ravel(), kept.ravel()[order])
+
+
+@given(small_log_ratio, advantages_24, arrays(np.bool_, (2, 4)), st.sampled_from([0.1, 0.25, 0.5, 1.0]))
+def test_kl_cov_penalises_the_top_covariance_tokens_and_only_adds_to_the_surrogate(log_ratio_bt, advantages_bt,
+                                                                                  mask_bt, ratio):
+    old = jnp.full((2, 4), -2.0) - jnp.arange(8.0).reshape(2, 4) / 4
+    logp = old + jnp.asarray(log_ratio_bt)
+    loss, info = losses.kl_cov_loss(logp, old, advantages_bt, mask_bt, kl_cov_ratio=ratio)
+    surrogate, _ = losses.no_clip_pg_loss(logp, old, advantages_bt, mask_bt)
+    penalised = np.asarray(info.penalised_bt)
+    n = int(mask_bt.sum())
+    assert penalised.sum() == (max(int(np.floor(n * ratio + 1e-9)), 1) if n else 0)
+    assert not np.any(penalised & ~mask_bt)
+    cov = np.asarray(losses.token_covariance(logp, advantages_bt, mask_bt))
+    if penalised.any() and (mask_bt & ~penalised).any():
+        assert cov[penalised].min() >= cov[mask_bt & ~penalised].max()
+    loss, surrogate = np.asarray(loss), np.asarray(surrogate)
+    np.testing.assert_array_equal(loss[~penalised], surrogate[~penalised])
+    assert np.all(loss[penalised] >= surrogate[penalised] - 1e-6)
+
+
+def test_clip_cov_detaches_a_uniformly_random_subset_of_the_candidates():
+    """Over 400 keys each of the two candidates (tokens 0 and 2) is detached about half the time, never another
+    token: the choice is uniform, as verl's randperm, and a function of the key only."""
+    counts = np.zeros(4)
+    loss_fn = jax.jit(jax.vmap(lambda key: losses.clip_cov_loss(COV_LOGP, COV_LOGP, COV_ADVANTAGES, FOUR, key,
+                                                                 clip_cov_ratio=0.25)[1].cov_detached_bt[0]))
+    detached = np.asarray(loss_fn(jax.random.split(KEY, 400)))
+    counts = detached.sum(axis=0)
+    assert np.all(detached.sum(axis=1) == 1)
+    assert counts[1] == counts[3] == 0
+    assert 160 <= counts[0] <= 240  # Binomial(400, 1/2): mean 200, std 10
+    np.testing.assert_array_equal(loss_fn(jax.random.split(KEY, 400)), detached)
