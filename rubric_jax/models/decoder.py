@@ -142,8 +142,9 @@ class Linear(nnx.Module):
     [B, T, D] input (measured by experiments/benchmarks/model_benchmark.py).
     """
 
-    def __init__(self, in_features: int, out_features: int, *, use_bias: bool, dtype, param_dtype, rngs: nnx.Rngs):
-        self.kernel = nnx.Param(_INIT(rngs.params(), (in_features, out_features), param_dtype))
+    def __init__(self, in_features: int, out_features: int, *, use_bias: bool, dtype, param_dtype, rngs: nnx.Rngs,
+                 kernel_init: nnx.Initializer = _INIT):
+        self.kernel = nnx.Param(kernel_init(rngs.params(), (in_features, out_features), param_dtype))
         self.bias = nnx.Param(jnp.zeros((out_features,), param_dtype)) if use_bias else None
         self.dtype = dtype
 

@@ -16,6 +16,7 @@ Parameter rules (regexes on the contract's dotted paths of `rubric_jax.models`, 
   mlp.down_proj.kernel [F, D]          (tensor, fsdp)
   *norm.scale                          replicated
   lm_head.kernel [D, V]                (fsdp, tensor)
+  value_head.kernel [D, 1]             (fsdp, None)            bias [1]     replicated   (a critic, `models.value`)
 A path matches by `re.search`, so an optimizer state's moments, whose paths end in their parameter's path,
 get their parameter's layout; a leaf no rule matches (Adam's step count) is replicated.
 
@@ -81,6 +82,8 @@ def partition_rules(config: ModelConfig | None = None) -> tuple[PartitionRule, .
         PartitionRule(r"mlp\.down_proj\.kernel$", ("tensor", "fsdp")),
         PartitionRule(r"norm\.scale$", (None,)),
         PartitionRule(r"lm_head\.kernel$", ("fsdp", "tensor")),
+        PartitionRule(r"value_head\.kernel$", ("fsdp", None)),
+        PartitionRule(r"value_head\.bias$", (None,)),
     )
 
 

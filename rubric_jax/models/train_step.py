@@ -5,7 +5,9 @@ State: the model as `nnx.split(model)` (a static graphdef and an `nnx.State` of 
 no other variables) and an optax optimizer state. Both are donated to the step and come back with the
 layouts of `sharding.param_shardings`; every batch array is split by rows over (data, fsdp).
 
-The step is generic in the loss: `loss_fn(logp_bt, entropy_bt, batch) -> (loss_bt, token_metrics)` is any
+`make_update_step` is generic in the model and its loss: `forward_loss(model, batch) -> (loss_bt,
+token_metrics)`; `make_train_step` is the policy's (`models.value.make_value_train_step` a critic's). The policy
+step is generic in the loss: `loss_fn(logp_bt, entropy_bt, batch) -> (loss_bt, token_metrics)` is any
 per-token loss (a `rubric_jax.core.losses` function through `ratio_loss`, with `with_rollout_correction` and
 `with_kl_penalty` on top, or `confidence_penalized_nll` for SFT), and `token_metrics` a dict of per-token diagnostics [B, T] (e.g.
 {"clip_fraction": clipped_bt}) that the step reports as their mean over response tokens. `aggregate` is any
@@ -44,8 +46,9 @@ TokenLossFn = Callable[[jax.Array, jax.Array, Batch], tuple[jax.Array, TokenMetr
 AggregateFn = Callable[[jax.Array, jax.Array], aggregation.LossTerms]
 KlFn = Callable[[jax.Array, jax.Array, jax.Array], jax.Array]
 WeightsFn = Callable[[jax.Array, jax.Array, jax.Array], jax.Array]
+ForwardLossFn = Callable[[nnx.Module, Batch], tuple[jax.Array, TokenMetrics]]
 
-_POLICY_INPUTS = ("tokens_bt", "positions_bt", "attention_mask_bt", "response_mask_bt")
+POLICY_INPUTS = ("tokens_bt", "positions_bt", "attention_mask_bt", "response_mask_bt")
 
 
 def ratio_loss(core_loss: Callable[..., tuple[jax.Array, Any]], **hyperparameters) -> TokenLossFn:
@@ -139,30 +142,28 @@ def _deal_rows(batch: Batch, micro_batches: int) -> Batch:
     return jax.tree.map(deal, batch)
 
 
-def make_train_step(
+def make_update_step(
     graphdef: nnx.GraphDef,
     optimizer: optax.GradientTransformation,
-    loss_fn: TokenLossFn,
+    forward_loss: ForwardLossFn,
     *,
     mesh: Mesh,
     abstract_params: Any,
     rules: Sequence[sharding.PartitionRule],
     aggregate: AggregateFn = aggregation.token_mean,
     micro_batches: int = 1,
-    chunk_size: int = DEFAULT_CHUNK_SIZE,
-    temperature: float = 1.0,
-    first_scored: int = 1,
 ) -> Callable[[nnx.State, optax.OptState, Batch], tuple[nnx.State, optax.OptState, dict[str, jax.Array]]]:
-    """Returns step(params, opt_state, batch) -> (params, opt_state, metrics), jitted over `mesh`.
+    """Returns step(params, opt_state, batch) -> (params, opt_state, metrics), jitted over `mesh`, for any model
+    whose loss is per token: `forward_loss(model, batch) -> (loss_bt, token_metrics)` runs the model (the policy's
+    logprobs in `make_train_step`, a critic's values in `models.value`) and the per-token loss.
 
     `abstract_params` (the params, or their `jax.eval_shape`) and `rules` (`sharding.partition_rules(config)`)
     fix the layouts of the parameters and optimizer state, in and out; params and opt_state are donated, so
     the caller must use the returned ones. The loss is finalize(aggregate(loss_bt, response_mask)), its
     gradient accumulated over `micro_batches` (module docstring). Metrics (float32 scalars, replicated):
-    "loss", "grad_norm" (global L2 norm of the accumulated gradient, before the optimizer clips it), "entropy"
-    and each of the loss's token metrics, as means over response tokens. The step traces under
-    `jax.set_mesh(mesh)`, so the decoder's `shard_activations` hook takes effect. `chunk_size`, `temperature`
-    and `first_scored` (skip a shared prompt region) go to `logprobs.sequence_logprobs`.
+    "loss", "grad_norm" (global L2 norm of the accumulated gradient, before the optimizer clips it) and each
+    token metric as its mean over response tokens. The step traces under `jax.set_mesh(mesh)`, so the
+    decoder's `shard_activations` hook takes effect.
     """
     if not isinstance(micro_batches, int) or micro_batches < 1:
         raise ValueError(f"micro_batches must be an int >= 1, got {micro_batches!r}")
@@ -171,21 +172,10 @@ def make_train_step(
     replicated = NamedSharding(mesh, PartitionSpec())
 
     def scaled_loss_and_sums(params, batch, scale):
-        model = nnx.merge(graphdef, params)
         mask_bt = batch["response_mask_bt"]
-        logp_bt, entropy_bt = sequence_logprobs(
-            model,
-            *(batch[key] for key in _POLICY_INPUTS),
-            chunk_size=chunk_size,
-            temperature=temperature,
-            first_scored=first_scored,
-        )
-        loss_bt, token_metrics = loss_fn(logp_bt, entropy_bt, batch)
+        loss_bt, token_metrics = forward_loss(nnx.merge(graphdef, params), batch)
         terms = aggregate(loss_bt, mask_bt)
-        metric_sums = {
-            name: aggregation.token_mean(values_bt, mask_bt)
-            for name, values_bt in {"entropy": entropy_bt, **token_metrics}.items()
-        }
+        metric_sums = {name: aggregation.token_mean(values_bt, mask_bt) for name, values_bt in token_metrics.items()}
         return terms.loss_sum * scale, (terms, metric_sums)
 
     grad_fn = jax.grad(scaled_loss_and_sums, has_aux=True)
@@ -229,6 +219,63 @@ def make_train_step(
     return sharded_step
 
 
+def make_train_step(
+    graphdef: nnx.GraphDef,
+    optimizer: optax.GradientTransformation,
+    loss_fn: TokenLossFn,
+    *,
+    mesh: Mesh,
+    abstract_params: Any,
+    rules: Sequence[sharding.PartitionRule],
+    aggregate: AggregateFn = aggregation.token_mean,
+    micro_batches: int = 1,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    temperature: float = 1.0,
+    first_scored: int = 1,
+) -> Callable[[nnx.State, optax.OptState, Batch], tuple[nnx.State, optax.OptState, dict[str, jax.Array]]]:
+    """The policy's `make_update_step`: `sequence_logprobs` of the batch's response tokens, then
+    `loss_fn(logp_bt, entropy_bt, batch)`. Metrics: "loss", "grad_norm", "entropy" and each of the loss's token
+    metrics, as means over response tokens. `chunk_size`, `temperature` and `first_scored` (skip a shared prompt
+    region) go to `logprobs.sequence_logprobs`.
+    """
+
+    def forward_loss(model, batch):
+        logp_bt, entropy_bt = sequence_logprobs(
+            model,
+            *(batch[key] for key in POLICY_INPUTS),
+            chunk_size=chunk_size,
+            temperature=temperature,
+            first_scored=first_scored,
+        )
+        loss_bt, token_metrics = loss_fn(logp_bt, entropy_bt, batch)
+        return loss_bt, {"entropy": entropy_bt, **token_metrics}
+
+    return make_update_step(graphdef, optimizer, forward_loss, mesh=mesh, abstract_params=abstract_params,
+                            rules=rules, aggregate=aggregate, micro_batches=micro_batches)
+
+
+def make_forward_fn(
+    graphdef: nnx.GraphDef,
+    forward: Callable[[nnx.Module, Batch], jax.Array],
+    *,
+    mesh: Mesh,
+    abstract_params: Any,
+    rules: Sequence[sharding.PartitionRule],
+) -> Callable[[nnx.State, Batch], jax.Array]:
+    """Returns fn(params, batch) -> forward(model, batch), a [B, T] array with rows sharded as the batch, jitted
+    over `mesh`, without gradients; the batch is cut to the POLICY_INPUTS it reads."""
+    param_shardings = sharding.param_shardings(abstract_params, mesh, rules)
+    batch_sharding = sharding.batch_sharding(mesh)
+    jitted = jax.jit(lambda params, batch: forward(nnx.merge(graphdef, params), batch),
+                     in_shardings=(param_shardings, batch_sharding), out_shardings=batch_sharding)
+
+    def sharded_forward(params, batch):
+        with jax.set_mesh(mesh):
+            return jitted(params, {key: batch[key] for key in POLICY_INPUTS})
+
+    return sharded_forward
+
+
 def make_logprobs_fn(
     graphdef: nnx.GraphDef,
     *,
@@ -242,27 +289,18 @@ def make_logprobs_fn(
     """Returns logprobs(params, batch) -> logp_bt (float32 [B, T], rows sharded as the batch): the policy's
     `sequence_logprobs` of the batch's response tokens, without gradients. The learner's old logprobs (the
     policy before this batch's updates) and the frozen reference policy's logprobs for KL."""
-    param_shardings = sharding.param_shardings(abstract_params, mesh, rules)
-    batch_sharding = sharding.batch_sharding(mesh)
 
-    def logprobs(params, batch):
-        model = nnx.merge(graphdef, params)
+    def logprobs(model, batch):
         logp_bt, _ = sequence_logprobs(
             model,
-            *(batch[key] for key in _POLICY_INPUTS),
+            *(batch[key] for key in POLICY_INPUTS),
             chunk_size=chunk_size,
             temperature=temperature,
             first_scored=first_scored,
         )
         return logp_bt
 
-    jitted = jax.jit(logprobs, in_shardings=(param_shardings, batch_sharding), out_shardings=batch_sharding)
-
-    def sharded_logprobs(params, batch):
-        with jax.set_mesh(mesh):
-            return jitted(params, {key: batch[key] for key in _POLICY_INPUTS})
-
-    return sharded_logprobs
+    return make_forward_fn(graphdef, logprobs, mesh=mesh, abstract_params=abstract_params, rules=rules)
 
 
 def pack_sequences(
