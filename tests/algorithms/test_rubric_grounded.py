@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 
 from rubric_jax.algorithms.rubric_grounded import RubricGrounded, RubricGroundedConfig
-from rubric_jax.judges.base import Judge, RolloutVerdict, Verdicts
+from rubric_jax.judges.base import Judge, JudgeRequest, RolloutVerdict, Verdicts
 from rubric_jax.rubrics.schema import Rubric
 from rubric_jax.training.metrics import read_metrics
-from rubric_jax.training.rl import train_rl
-from rubric_jax.training.run_config import AlgorithmSpec
+from rubric_jax.training.rl import make_judge, train_rl
+from rubric_jax.training.run_config import AlgorithmSpec, JudgeConfig
 from tests.algorithms.test_grpo import GROUP, PROMPTS, assert_row_advantages, make_context, tiny_policy
 from tests.training.test_rl import tiny_rl_config
 from tests.training.toy_task import RUBRIC, ToyTask, toy_task
@@ -278,3 +278,17 @@ def test_paper_defaults_and_validation(setup):
     task, context, examples, _ = setup
     with pytest.raises(ValueError, match="grounding"):
         RubricGrounded(config).experience(examples, dataclasses.replace(context, task=Ungrounded(task.config, 0)), 0)
+
+
+def test_the_judge_config_truncates_the_grounding_passage():
+    """Section 4.3's maximum passage length reaches the judge's prompt through judge.max_grounding_chars."""
+    llm = dict(kind="llm", url="http://127.0.0.1:9", model="judge", format="grounded")
+    request = JudgeRequest("Q?", "an answer", RUBRIC, reference="0123456789")
+    cut = make_judge(JudgeConfig(**llm, max_grounding_chars=4), toy_task(), seed=0)
+    whole = make_judge(JudgeConfig(**llm), toy_task(), seed=0)
+    cut_prompt, whole_prompt = (j.fmt.messages(request)[-1]["content"] for j in (cut, whole))
+    assert "SOURCE PASSAGE (truncated):" in cut_prompt and "0123" in cut_prompt and "01234" not in cut_prompt
+    assert "SOURCE PASSAGE:" in whole_prompt and "0123456789" in whole_prompt
+    for bad in (dict(llm, max_grounding_chars=-1), dict(llm, format="rating", max_grounding_chars=4)):
+        with pytest.raises(ValueError, match="max_grounding_chars"):
+            JudgeConfig(**bad)
