@@ -8,7 +8,8 @@ Shared conventions:
 - `std_ddof`: 1 (default) is the sample std of verl, TRL and the SRaR authors' code; 0 is the population std
   the GRPO and SRaR papers write. `eps` is added to the std in the denominator.
 - A group whose valid rewards are all equal gets advantage 0 exactly; a single-sample group gets 0
-  (its reward is its own baseline: there is nothing to compare it with).
+  (its reward is its own baseline: there is nothing to compare it with). ReMax is the exception: its baseline
+  is a greedy rollout's reward, not the group's.
 - Advantages are float32 (or the rewards' wider float type); bfloat16 rewards are promoted first.
 """
 
