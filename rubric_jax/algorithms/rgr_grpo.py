@@ -81,7 +81,10 @@ class RGRGRPOConfig:
     aggregation / norm_constant: the loss aggregation (`base.PolicyLossConfig`). off_max_clip / off_min_clip:
     LUFFY's off-policy clips on the refinement tokens' shaped weight f(p) (`core.losses.clip_off_policy_weight`);
     None (LUFFY's -1) turns a clip off, and both are off because the paper states neither; they act on shaped
-    refined rows, so they need refine and shaping on."""
+    refined rows, so they need refine and shaping on. refinement_max_prompt_tokens: the cap on refinement prompts
+    (q, o_best, C_failed), which `rollout.max_prompt_tokens` (the cap on questions, Table 5's max_prompt_length)
+    does not govern: o_best alone may fill max_new_tokens, so the paper's 1024 cannot have applied to them;
+    None: no cap."""
 
     max_items: int = 16
     criteria: Criteria = "all"
@@ -101,6 +104,7 @@ class RGRGRPOConfig:
     norm_constant: Optional[float] = None
     off_max_clip: Optional[float] = None
     off_min_clip: Optional[float] = None
+    refinement_max_prompt_tokens: Optional[int] = None
 
     def __post_init__(self):
         if self.max_items < 1:
@@ -122,6 +126,9 @@ class RGRGRPOConfig:
                 raise ValueError(f"{name} must be >= 0 or null, got {bound!r}")
         if len(clips) == 2 and self.off_min_clip > self.off_max_clip:
             raise ValueError(f"off_min_clip {self.off_min_clip} must not exceed off_max_clip {self.off_max_clip}")
+        if self.refinement_max_prompt_tokens is not None and not self.refinement_max_prompt_tokens >= 1:
+            raise ValueError(f"refinement_max_prompt_tokens must be null or >= 1, got "
+                             f"{self.refinement_max_prompt_tokens!r}")
         if clips and not (self.refine and self.shaping):
             raise ValueError("off_max_clip / off_min_clip clip the shaped weight of refined rollouts: they need "
                              "refine and shaping true")
@@ -299,8 +306,10 @@ class RGRGRPO(base.Algorithm):
     def _swap_in_refinements(self, rows: _Rows, refine_prompts, refined_examples, target_rows, prompt_width: int,
                              context: base.RolloutContext, step: int) -> None:
         """Samples one refinement per prompt (stream 1), judges it, and writes it over `target_rows`: its response
-        after the row's own prompt region (q), the engine's logprobs, its verdict, and off_policy_b."""
-        single = dataclasses.replace(context, sampling=dataclasses.replace(context.sampling, n=1))
+        after the row's own prompt region (q), the engine's logprobs, its verdict, and off_policy_b. The refinement
+        prompts are capped by `refinement_max_prompt_tokens`, not by the questions' cap."""
+        single = dataclasses.replace(context, sampling=dataclasses.replace(context.sampling, n=1),
+                                     max_prompt_tokens=self.config.refinement_max_prompt_tokens)
         refined = base.sample_groups(refine_prompts, single, step, stream=1)
         verdicts, _ = base.judge_rollouts(refined_examples, refined, context, self.config.max_items)
         batch, response_width = rows.batch, context.sampling.max_new_tokens

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from rubric_jax.algorithms.base import RolloutContext
+from rubric_jax.algorithms.base import RolloutContext, prompt_token_ids
 from rubric_jax.algorithms.registry import algorithm_class
 from rubric_jax.algorithms.rgr_grpo import RGRGRPO, RGRGRPOConfig, refine_at_test_time
 from rubric_jax.data import arithmetic
@@ -395,6 +395,22 @@ def test_refinement_at_test_time_reports_accuracy_before_and_after(tokenizer, cr
                        "refine/refined_fraction": 1.0 if refined_b else 0.5, "refine/judge_failure_rate": 0.0}
     # CARRIED_A keeps the plan, the chain and the format: it is refined on its three failed facts either way.
     assert engine.calls[1][0] == refinement_messages(A, CARRIED_A, rgr_rubric(A).criteria[1:4])
+
+
+def test_the_question_cap_does_not_cut_refinement_prompts(tokenizer):
+    # Table 5's max_prompt_length caps the questions; a refinement prompt (q, o_best, C_failed) is longer and is
+    # governed by refinement_max_prompt_tokens alone. In the scripted step B's group is refined (on PROSE_B).
+    task = build_task("arithmetic_rgr", {}, 0)
+    question = max(len(prompt_token_ids(task.prompt(e), tokenizer)) for e in (A, B))
+    capped = dataclasses.replace(scripted_context(tokenizer), max_prompt_tokens=question, prompt_truncation="error")
+    result = RGRGRPO(RGRGRPOConfig(**PAPER_OFF)).experience([A, B], capped, step=0)
+    assert result.batch["off_policy_b"].sum() == 1 and capped.prompt_metrics["prompt/truncated"] == 0
+    assert capped.prompt_metrics["prompt/length_max"] > question  # the refinement prompt, sent whole
+    capped = dataclasses.replace(scripted_context(tokenizer), max_prompt_tokens=question, prompt_truncation="error")
+    with pytest.raises(ValueError, match="exceeds max_prompt_tokens"):
+        RGRGRPO(RGRGRPOConfig(refinement_max_prompt_tokens=question, **PAPER_OFF)).experience([A, B], capped, step=0)
+    with pytest.raises(ValueError, match="refinement_max_prompt_tokens"):
+        RGRGRPOConfig(refinement_max_prompt_tokens=0)
 
 
 def test_the_llm_judge_decides_each_criterion_given_the_question_alone():
