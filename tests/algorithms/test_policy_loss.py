@@ -14,10 +14,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from rubric_jax.algorithms.base import PolicyLossConfig, aggregate_fn, policy_loss_fn
+from rubric_jax.algorithms.base import PolicyLossConfig, aggregate_fn, micro_batch_key, policy_loss_fn
+from rubric_jax.algorithms.grpo import GRPOConfig
 from rubric_jax.core import aggregation, losses
 from rubric_jax.models import train_step
 from tests.core import reference_losses as ref
+from rubric_jax.yaml_config import load_config
 from tests.core.reference_losses import draw
 
 SEEDS = range(8)
@@ -54,27 +56,50 @@ def run(config, x: ref.PolicyBatch):
 
 
 def reference(config: PolicyLossConfig, r: ref.PolicyBatch):
-    """(loss, gradient, policy-term clip flags, the correction's weights) from tests/core's references."""
+    """(loss, gradient, policy-term clip flags or None for a loss without them, the correction's weights) from
+    tests/core's references."""
     eps = (config.eps_low, config.eps_high)
     if config.loss == "gspo":
         policy = ref.gspo(r.logp, r.old_logp, r.advantages, r.mask, config.gspo_eps_low, config.gspo_eps_high)
     elif config.loss == "dual_clip":
         policy, _ = ref.dual_clip(r.logp, r.old_logp, r.advantages, r.mask, *eps, config.clip_ratio_c)
+    elif config.loss == "gmpo":
+        policy = ref.gmpo(r.logp, r.old_logp, r.advantages, r.mask, config.gmpo_eps_low, config.gmpo_eps_high)
+    elif config.loss == "sapo":
+        policy, _ = ref.sapo(r.logp, r.old_logp, r.advantages, r.mask, config.sapo_tau_pos, config.sapo_tau_neg)
+    elif config.loss == "clip_cov":
+        priority = np.asarray(jax.random.uniform(micro_batch_key(batch_of(r)), r.mask.shape))
+        policy, _ = ref.clip_cov(r.logp, r.old_logp, r.advantages, r.mask, priority, *eps, config.clip_cov_ratio,
+                                 config.clip_cov_lb, config.clip_cov_ub)
+    elif config.loss == "kl_cov":
+        policy, _ = ref.kl_cov(r.logp, r.old_logp, r.advantages, r.mask, config.kl_cov_ratio, config.kl_cov_coef)
+    elif config.loss == "cispo":
+        policy = ref.cispo(r.logp, r.old_logp, r.advantages, r.mask, config.cispo_eps_low, config.cispo_eps_high)
+    elif config.loss == "vespo":
+        policy, _ = ref.vespo(r.logp, r.old_logp, r.advantages, r.mask, config.vespo_k_pos, config.vespo_lambda_pos,
+                              config.vespo_k_neg, config.vespo_lambda_neg)
     else:
         policy = ref.ppo_clip(r.logp, r.old_logp, r.advantages, r.mask, *eps)
+    selected = np.where(r.mask, 1.0, 0.0)
+    if config.token_selection == "high_entropy":
+        selected = ref.high_entropy_mask(r.entropy, r.mask, config.entropy_top_fraction).astype(np.float64)
     weights = np.where(r.mask, 1.0, 0.0)
     if config.rollout_correction != "none":
         low, high = ((0.0, config.tis_cap) if config.rollout_correction == "tis"
                      else (config.is_low, config.is_high))
         weights = ref.mismatch_weights(r.old_logp, r.rollout_logp, r.mask, config.rollout_correction, low, high)
     kl_value, kl_grad = np.zeros(r.logp.shape), np.zeros(r.logp.shape)
-    if config.kl_coef > 0:
+    if config.kl_coef > 0 and config.kl_estimator == "abs":
+        kl_value, kl_grad = ref.kl_abs(r.logp, r.ref_logp, r.mask)
+    elif config.kl_coef > 0:
         kl_value, kl_grad = ref.kl(r.logp, r.ref_logp, r.mask, config.kl_estimator)
-    loss = policy.loss * weights + config.kl_coef * kl_value
-    grad = policy.grad * weights + config.kl_coef * kl_grad
-    scale = np.abs(policy.loss * weights) + np.abs(config.kl_coef * kl_value)
-    grad_scale = np.abs(policy.grad * weights) + np.abs(config.kl_coef * kl_grad)
-    return loss, grad, policy.clipped, weights, (scale, grad_scale)
+    factor = weights * selected
+    loss = policy.loss * factor + config.kl_coef * kl_value
+    grad = policy.grad * factor + config.kl_coef * kl_grad
+    scale = np.abs(policy.loss * factor) + np.abs(config.kl_coef * kl_value)
+    grad_scale = np.abs(policy.grad * factor) + np.abs(config.kl_coef * kl_grad)
+    clipped = None if config.loss in ("sapo", "kl_cov", "vespo") else policy.clipped
+    return loss, grad, clipped, weights, (scale, grad_scale)
 
 
 def assert_close(actual, expected, scale):
@@ -109,7 +134,39 @@ OPTIONS = [
 ]
 
 
-@pytest.mark.parametrize("config", OPTIONS, ids=lambda c: f"{c.loss}-{c.rollout_correction}-kl{c.kl_coef}")
+OPTIONS += [
+    PolicyLossConfig(loss="gmpo", aggregation="seq_mean_token_mean"),
+    PolicyLossConfig(loss="gmpo", aggregation="seq_mean_token_mean", gmpo_eps_low=0.2, gmpo_eps_high=0.3,
+                     rollout_correction="tis", kl_coef=0.1, kl_estimator="k3_k2_grad"),
+    PolicyLossConfig(loss="sapo", aggregation="seq_mean_token_mean"),
+    PolicyLossConfig(loss="sapo", sapo_tau_pos=2.0, sapo_tau_neg=3.0, rollout_correction="icepop", is_low=0.8,
+                     is_high=1.25, kl_coef=0.1, kl_estimator="abs"),
+    PolicyLossConfig(loss="clip_cov", eps_high=0.28, clip_cov_ratio=0.1),
+    PolicyLossConfig(loss="clip_cov", clip_cov_ratio=0.2, clip_cov_lb=0.5, clip_cov_ub=3.0,
+                     rollout_correction="seq_mask_tis", is_low=0.8, is_high=1.25, kl_coef=0.1),
+    PolicyLossConfig(loss="kl_cov", kl_cov_ratio=0.1),
+    PolicyLossConfig(loss="kl_cov", kl_cov_ratio=0.3, kl_cov_coef=0.5, rollout_correction="tis", kl_coef=0.1),
+    PolicyLossConfig(loss="cispo", cispo_eps_high=4.0),
+    PolicyLossConfig(loss="cispo", cispo_eps_low=0.2, cispo_eps_high=0.28, kl_coef=0.1, kl_estimator="k2"),
+    PolicyLossConfig(loss="vespo"),
+    PolicyLossConfig(loss="vespo", vespo_k_pos=1.0, vespo_lambda_pos=0.5, rollout_correction="tis"),
+    PolicyLossConfig(loss="gspo", aggregation="seq_mean_token_sum", gspo_eps_low=0.2, gspo_eps_high=0.28),
+    PolicyLossConfig(kl_coef=0.1, kl_estimator="abs"),
+    PolicyLossConfig(token_selection="high_entropy"),
+    PolicyLossConfig(loss="dual_clip", token_selection="high_entropy", entropy_top_fraction=0.5,
+                     rollout_correction="icepop", is_low=0.8, is_high=1.25, kl_coef=0.1),
+    PolicyLossConfig(loss="gmpo", aggregation="seq_mean_token_mean", token_selection="high_entropy",
+                     entropy_top_fraction=0.0),
+    PolicyLossConfig(loss="clip_cov", clip_cov_ratio=0.1, token_selection="high_entropy", entropy_top_fraction=1.0),
+]
+
+
+def option_id(config: PolicyLossConfig) -> str:
+    return (f"{config.loss}-{config.rollout_correction}-kl{config.kl_coef}{config.kl_estimator}-"
+            f"{config.token_selection}{config.entropy_top_fraction}-{config.aggregation}")
+
+
+@pytest.mark.parametrize("config", OPTIONS, ids=option_id)
 def test_every_option_matches_the_numpy_reference(config):
     for seed in SEEDS:
         x, r = draw(seed, np.float32)
@@ -117,8 +174,14 @@ def test_every_option_matches_the_numpy_reference(config):
         loss, expected_grad, clipped, weights, (scale, grad_scale) = reference(config, r)
         assert_close(loss_bt, loss, scale)
         assert_close(grad, expected_grad, grad_scale)
-        np.testing.assert_array_equal(metrics["clip_fraction"], clipped)
+        if clipped is None:
+            assert "clip_fraction" not in metrics
+        else:
+            np.testing.assert_array_equal(metrics["clip_fraction"], clipped)
         assert ("dual_clip_fraction" in metrics) == (config.loss == "dual_clip")
+        if config.token_selection == "high_entropy":
+            expected_selected = ref.high_entropy_mask(r.entropy, r.mask, config.entropy_top_fraction)
+            np.testing.assert_array_equal(metrics["entropy_selected"], expected_selected)
         assert ("kl" in metrics) == (config.kl_coef > 0)
         if config.rollout_correction == "none":
             assert "is_weight" not in metrics
@@ -164,6 +227,119 @@ def test_each_norm_aggregation_is_selected_with_its_constant():
     for name, expected in (("seq_mean_token_sum_norm", 3 / 4), ("token_sum_norm", 3 / 8)):
         aggregate = aggregate_fn(PolicyLossConfig(aggregation=name, norm_constant=4.0))
         np.testing.assert_allclose(aggregation.finalize(*aggregate(loss_bt, mask_bt)), expected, rtol=1e-6)
+
+
+def test_micro_batch_key_depends_on_the_response_tokens_old_logprobs_only_not_on_their_order():
+    x, _ = draw(0, np.float32)
+    key = jax.random.key_data(micro_batch_key(batch_of(x)))
+    order = np.random.RandomState(0).permutation(x.mask.shape[0])
+    shuffled = x._replace(old_logp=x.old_logp[order], mask=x.mask[order])
+    np.testing.assert_array_equal(jax.random.key_data(micro_batch_key(batch_of(shuffled))), key)
+    padding = x._replace(old_logp=np.where(x.mask, x.old_logp, np.float32(123.0)))  # masked values do not count
+    np.testing.assert_array_equal(jax.random.key_data(micro_batch_key(batch_of(padding))), key)
+    moved = x._replace(old_logp=np.where(x.mask, x.old_logp + np.float32(0.5), x.old_logp))
+    assert not np.array_equal(jax.random.key_data(micro_batch_key(batch_of(moved))), key)
+
+
+def trl_per_token_loss(x: ref.PolicyBatch, eps_low=0.2, eps_high=0.28, delta=None):
+    """TRL GRPOTrainer._compute_loss's token-level clipped loss: coef_1 = r (capped at delta when set),
+    -min(coef_1 A, clip(r, 1 - eps_low, 1 + eps_high) A), transcribed in jnp; masked tokens zeroed."""
+
+    def loss(logp_bt):
+        ratio = jnp.exp(jnp.clip(jnp.where(x.mask, logp_bt - x.old_logp, 0), -20, 20))
+        coef_1 = ratio if delta is None else jnp.minimum(ratio, delta)
+        advantages = jnp.where(x.mask, x.advantages, 0)
+        per_token = -jnp.minimum(coef_1 * advantages, jnp.clip(ratio, 1 - eps_low, 1 + eps_high) * advantages)
+        return jnp.where(x.mask, per_token, 0)
+
+    return loss
+
+
+def test_trl_delta_is_the_dual_clip_with_c_equal_to_delta():
+    config = PolicyLossConfig(loss="dual_clip", eps_high=0.28, clip_ratio_c=3.0)
+    for seed in SEEDS:
+        x, _ = draw(seed, np.float32)
+        loss_bt, _, grad = run(config, x)
+        trl = trl_per_token_loss(x, delta=3.0)
+        np.testing.assert_allclose(loss_bt, trl(jnp.asarray(x.logp)), rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(grad, jax.grad(lambda lp: jnp.sum(trl(lp)))(jnp.asarray(x.logp)), rtol=1e-6,
+                                   atol=1e-7)
+
+
+def test_trl_luspo_is_gspo_with_seq_mean_token_sum():
+    """TRL's "luspo": s_b = exp(mean_t log r) with the gradient through the mean, loss_b = -min(s A_b, clip(s) A_b)
+    times the sequence's length, averaged over the rows (all valid here): value and gradient equal
+    (gspo, seq_mean_token_sum)'s."""
+    config = PolicyLossConfig(loss="gspo", aggregation="seq_mean_token_sum", gspo_eps_low=0.2, gspo_eps_high=0.28)
+    loss_fn, aggregate = policy_loss_fn(config), aggregate_fn(config)
+    for seed in SEEDS:
+        x, _ = draw(seed, np.float32)
+        logp = np.where(x.mask, x.logp, np.float32(-1.0))  # finite values where a token is made valid below
+        old_logp = np.where(x.mask, np.clip(x.old_logp, logp - 5, logp + 5), np.float32(-1.2))
+        x = x._replace(logp=logp, old_logp=old_logp, mask=x.mask | (np.arange(7) == 0),  # every row valid, as TRL's
+                       advantages=np.repeat(np.where(x.mask[:, :1], x.advantages[:, :1], np.float32(0.5)), 7, axis=1))
+
+        def ours(logp_bt):
+            loss_bt, _ = loss_fn(logp_bt, x.entropy, batch_of(x))
+            return aggregation.finalize(*aggregate(loss_bt, x.mask))
+
+        def luspo(logp_bt):
+            lengths = x.mask.sum(-1)
+            log_s = jnp.sum(jnp.where(x.mask, logp_bt - x.old_logp, 0), -1) / lengths
+            s, advantages = jnp.exp(log_s), x.advantages[:, 0]
+            per_sequence = -jnp.minimum(s * advantages, jnp.clip(s, 0.8, 1.28) * advantages)
+            return jnp.mean(per_sequence * lengths)
+
+        logp = jnp.asarray(x.logp)
+        assert np.isfinite(ours(logp))
+        np.testing.assert_allclose(ours(logp), luspo(logp), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(jax.grad(ours)(logp), jax.grad(luspo)(logp), rtol=1e-5, atol=1e-6)
+
+
+def test_high_entropy_selection_keeps_the_dropped_tokens_in_the_denominator():
+    x, r = draw(1, np.float32)
+    config = PolicyLossConfig(token_selection="high_entropy", entropy_top_fraction=0.2)
+    loss_bt, metrics, _ = run(config, x)
+    plain_bt, _, _ = run(PolicyLossConfig(), x)
+    kept = ref.high_entropy_mask(r.entropy, r.mask, 0.2)
+    assert 0 < kept.sum() < r.mask.sum()
+    np.testing.assert_array_equal(loss_bt, np.where(kept, plain_bt, 0))
+    terms = aggregate_fn(config)(jnp.asarray(loss_bt), x.mask)
+    np.testing.assert_allclose(aggregation.finalize(*terms), plain_bt[kept].sum() / r.mask.sum(), rtol=1e-6)
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"loss": "gmpo"}, "loss gmpo needs aggregation seq_mean_token_mean"),
+    ({"loss": "gspo", "aggregation": "token_mean"}, "loss gspo needs aggregation seq_mean_token_mean or "
+                                                    "seq_mean_token_sum"),
+    ({"loss": "cispo"}, "loss cispo needs cispo_eps_high >= 0"),
+    ({"sapo_tau_neg": 0.0}, "sapo_tau_neg must be > 0"),
+    ({"vespo_lambda_pos": -1.0}, "vespo_lambda_pos must be > 0"),
+    ({"vespo_k_neg": -1.0}, "vespo_k_neg must be >= 0"),
+    ({"gmpo_eps_low": -0.1}, "gmpo_eps_low must be >= 0"),
+    ({"clip_cov_ratio": 0.0}, r"clip_cov_ratio must be in \(0, 1\]"),
+    ({"kl_cov_ratio": 1.5}, r"kl_cov_ratio must be in \(0, 1\]"),
+    ({"clip_cov_lb": 5.0, "clip_cov_ub": 5.0}, "clip_cov_lb must be < clip_cov_ub"),
+    ({"entropy_top_fraction": 1.2}, r"entropy_top_fraction must be in \[0, 1\]"),
+    ({"kl_cov_coef": -1.0}, "kl_cov_coef must be >= 0"),
+])
+def test_bad_settings_of_the_verl_and_trl_losses_are_rejected(changes, message):
+    with pytest.raises(ValueError, match=message):
+        PolicyLossConfig(**changes)
+
+
+def test_every_loss_and_selection_is_selectable_from_yaml(tmp_path):
+    """A recipe's policy_loss section in a YAML config reaches PolicyLossConfig's fields."""
+    path = tmp_path / "grpo.yaml"
+    path.write_text("policy_loss:\n  loss: clip_cov\n  clip_cov_ratio: 0.01\n  token_selection: high_entropy\n"
+                    "  entropy_top_fraction: 0.3\n  kl_coef: 0.01\n  kl_estimator: abs\n")
+    config = load_config(GRPOConfig, path).policy_loss
+    assert (config.loss, config.clip_cov_ratio, config.token_selection, config.entropy_top_fraction,
+            config.kl_estimator) == ("clip_cov", 0.01, "high_entropy", 0.3, "abs")
+    for loss in ("sapo", "kl_cov", "vespo"):
+        assert load_config(GRPOConfig, path, [f"policy_loss.loss={loss}"]).policy_loss.loss == loss
+    with pytest.raises(ValueError, match="loss gmpo needs aggregation"):
+        load_config(GRPOConfig, path, ["policy_loss.loss=gmpo"])
 
 
 @pytest.mark.parametrize("changes, message", [
