@@ -13,4 +13,5 @@ parsing.py   `ParseResult` / `RubricParse` (values of caller-fixed shapes, ok, r
 steps.py     `split_steps` at the authors' `### Step N:` headers (not inside fenced code) and
              `response_step_ids(tokenizer, ids)`: each response token's step [T], exactly through the tokenizer's
              offsets, for `core.srar` (0 = outside any step).
+memory_pool.py  `MemoryPool`: EvoRubric's per-question archive of verified criteria, bounded, checkpointable.
 """
