@@ -15,7 +15,8 @@ world's programmatic grader and meta-verifier), one RL run per variant:
   evorubric_wo_memory_pool        Table 2 (2): nothing archived across steps (transient rubrics)
   evorubric_wo_peer_consensus     Table 2 (3): rho~ left out of the generator reward
   evorubric_wo_discriminative     Table 2 (4): no variance filter, r_disc left out
-  evorubric_external              Table 2 (5), "External Evolving-RL": the generator proposes but is not trained
+  evorubric_external              Table 2 (5), "External Evolving-RL": the generator is the frozen initial model
+                                  (the trainer's frozen engine), proposing but never trained or updated
 
 Table: held-out accuracy (avg@k) and pass@k, the base rubric's held-out score, and over the last fifth of
 training the consensus rho, the pruned and meta-rejected fractions, the pool size, the generator's format rate
