@@ -5,6 +5,7 @@ and per-token gradients); the correction reweights the policy term only; bad set
 
 import functools
 import itertools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -18,9 +19,13 @@ from rubric_jax.algorithms.base import PolicyLossConfig, aggregate_fn, micro_bat
 from rubric_jax.algorithms.grpo import GRPOConfig
 from rubric_jax.core import aggregation, losses
 from rubric_jax.models import train_step
+from rubric_jax.training.rl import train_rl
+from rubric_jax.training.run_config import AlgorithmSpec, LearnerConfig
 from tests.core import reference_losses as ref
 from rubric_jax.yaml_config import load_config
 from tests.core.reference_losses import draw
+from tests.training.test_rl import tiny_rl_config
+from tests.training.toy_task import toy_task
 
 SEEDS = range(8)
 
@@ -357,3 +362,21 @@ def test_every_loss_and_selection_is_selectable_from_yaml(tmp_path):
 def test_bad_settings_are_rejected(changes, message):
     with pytest.raises(ValueError, match=message):
         PolicyLossConfig(**changes)
+
+
+@pytest.mark.parametrize("policy_loss", [
+    {"loss": "clip_cov", "clip_cov_ratio": 0.2, "clip_cov_lb": 0.0, "token_selection": "high_entropy",
+     "kl_coef": 0.01, "kl_estimator": "abs"},
+    {"loss": "gmpo", "aggregation": "seq_mean_token_mean", "rollout_correction": "tis"},
+    {"loss": "kl_cov", "kl_cov_ratio": 0.1},
+], ids=lambda p: p["loss"])
+def test_one_rl_step_end_to_end_with_micro_batches(tmp_path, policy_loss):
+    """The new losses and the token selection inside the trainer's jitted, accumulated step (two epochs of two
+    micro-batches each, so the second epoch is off-policy and every term has a gradient)."""
+    config = tiny_rl_config(tmp_path, algorithm=AlgorithmSpec(name="rar", params={"policy_loss": policy_loss}),
+                            learner=LearnerConfig(epochs=2, micro_batches=2))
+    last = train_rl(config, toy_task())
+    assert all(math.isfinite(value) for value in last.values())
+    assert last["train/grad_norm"] > 0
+    if policy_loss.get("token_selection") == "high_entropy":
+        assert 0 < last["train/entropy_selected"] < 1
