@@ -1,14 +1,22 @@
 """`rubric-jax`: train, sft, eval and quickstart from the command line.
 
 Configs are YAML files (configs/) read onto frozen dataclasses and validated before anything is computed; any
-key can be overridden after the file, `key.sub=value` (the value read as YAML). A bad config exits with status
-2 and one line naming the key.
+key can be overridden after the file, `key.sub=value` (the value read as YAML).
+
+Everything the user gives a command is checked before any model is built: the arguments, the config file and
+its overrides (keys, types, values, the algorithm's and the task's parameters), the model directory (a Hugging
+Face directory: config.json of a supported architecture, safetensors weights, tokenizer files) and the places
+the command will write. A problem exits with status 2 and one line on stderr, `rubric-jax <command>: ...`.
+Those checks raise ValueError (the configs' own convention) or OSError (a path), the two types caught, and only
+around the checks: an error once the run has started is a bug or an accident of the run, with its traceback.
 """
 
 import argparse
 import json
 import sys
-from typing import Optional, Sequence
+import tempfile
+from pathlib import Path
+from typing import NoReturn, Optional, Sequence
 
 from rubric_jax.training.run_config import EvalConfig, QuickstartConfig, RLConfig, SFTConfig, resolve_algorithm
 from rubric_jax.yaml_config import apply_overrides, config_from_dict, load_config
@@ -24,18 +32,44 @@ commands:
 """
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with its usage errors in the commands' one-line form (argparse prints the usage first), an
+    unknown argument reported by the command it was given to (`commands`: name -> that command's parser)."""
+
+    commands: dict[str, argparse.ArgumentParser] = {}
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+    def parse_args(self, args=None, namespace=None):
+        parsed, extra = self.parse_known_args(args, namespace)
+        if extra:
+            self.commands[parsed.command].error(f"unrecognized arguments: {' '.join(extra)}")
+        return parsed
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
 def _config_command(subparsers, name: str, help_text: str, default: Optional[str] = None):
     parser = subparsers.add_parser(name, help=help_text, description=help_text,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("config", nargs=None if default is None else "?", default=default,
                         help="YAML config file" + (f" (default: the built-in {default})" if default else ""))
-    parser.add_argument("overrides", nargs="*", metavar="key.sub=value",
+    parser.add_argument("overrides", nargs="*", default=[], metavar="key.sub=value",
                         help="config overrides, each value read as YAML (e.g. optimizer.learning_rate=3e-6)")
     return parser
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rubric-jax", description=DESCRIPTION,
+    parser = _Parser(prog="rubric-jax", description=DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     subparsers = parser.add_subparsers(dest="command", required=True)
     quickstart = subparsers.add_parser(
@@ -60,43 +94,114 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("model", help="a local Hugging Face model directory with its tokenizer")
     evaluate.add_argument("--task", default="arithmetic", help="a task of rubric_jax.data.tasks (default: arithmetic)")
     evaluate.add_argument("--task-seed", type=int, default=0)
-    evaluate.add_argument("--examples", type=int, default=EvalConfig.num_examples)
-    evaluate.add_argument("--samples", type=int, default=1, help="samples per example (k of avg@k, pass@k)")
+    evaluate.add_argument("--examples", type=_positive_int, default=EvalConfig.num_examples)
+    evaluate.add_argument("--samples", type=_positive_int, default=1, help="samples per example (k of avg@k, pass@k)")
     evaluate.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
-    evaluate.add_argument("--max-new-tokens", type=int, default=64)
+    evaluate.add_argument("--max-new-tokens", type=_positive_int, default=64)
     evaluate.add_argument("--seed", type=int, default=0)
     evaluate.add_argument("--output", help="also write the metrics to this JSON file")
+    parser.commands = subparsers.choices
     return parser
+
+
+def _load(cls, path: str, overrides: Sequence[str]):
+    if not Path(path).is_file():
+        raise ValueError(f"config file {path} " + ("is a directory" if Path(path).is_dir() else "does not exist"))
+    return load_config(cls, path, overrides)
 
 
 def _quickstart_config(args) -> QuickstartConfig:
     overrides = [f"output_dir={args.output_dir}", *args.overrides]
     if args.config:
-        return load_config(QuickstartConfig, args.config, overrides)
+        return _load(QuickstartConfig, args.config, overrides)
     return config_from_dict(QuickstartConfig, apply_overrides({}, overrides))
+
+
+def _check_model_directory(path: str, what: str = "model directory") -> None:
+    """ValueError unless `path` is a local Hugging Face model directory this project loads: config.json of a
+    supported architecture (`ModelConfig`'s own checks), safetensors weights and tokenizer files."""
+    # imported here: they import transformers, which `rubric-jax --help` and the config checks do without
+    from rubric_jax.models.config import ModelConfig  # noqa: PLC0415
+    from rubric_jax.models.safetensors_io import INDEX_NAME, WEIGHTS_NAME  # noqa: PLC0415
+    from rubric_jax.models.tokenizer import tokenizer_files  # noqa: PLC0415
+
+    directory = Path(path)
+    if not directory.is_dir():
+        raise ValueError(f"{what} {path} " + ("is not a directory" if directory.exists() else "does not exist"))
+    if not (directory / "config.json").is_file():
+        raise ValueError(f"{what} {path} is not a Hugging Face model directory: it has no config.json")
+    try:
+        ModelConfig.from_pretrained(directory)
+    except ValueError as error:  # json's decode errors are ValueErrors too
+        raise ValueError(f"{what} {path}: config.json: {error}") from None
+    if not ((directory / WEIGHTS_NAME).is_file() or (directory / INDEX_NAME).is_file()):
+        raise ValueError(f"{what} {path} has no weights: no {WEIGHTS_NAME} or {INDEX_NAME}")
+    try:
+        tokenizer_files(directory)
+    except FileNotFoundError as error:
+        raise ValueError(f"{what} {path}: {error}") from None
+
+
+def _check_writable_directory(path: str, what: str = "output directory") -> None:
+    """Creates the directory `path` (as the run would) and writes a scratch file in it; ValueError if either
+    fails. Trying is the only reliable check: permissions say nothing to root or on a read-only file system."""
+    try:
+        Path(path).mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as error:
+        raise ValueError(f"cannot write the {what} {path}: {error.strerror or error}") from None
+
+
+def _check_output_file(path: str) -> None:
+    if Path(path).is_dir():
+        raise ValueError(f"--output {path} is a directory")
+    parent = Path(path).parent
+    if not parent.is_dir():
+        raise ValueError(f"--output {path}: the directory {parent} does not exist")
+    _check_writable_directory(str(parent), "--output file's directory")
+
+
+def _checked_config(args):
+    """The command's config, every input checked (module docstring); ValueError or OSError naming the problem."""
+    if args.command == "quickstart":
+        config = _quickstart_config(args)
+    elif args.command == "train":
+        config = _load(RLConfig, args.config, args.overrides)
+        resolve_algorithm(config)
+    elif args.command == "sft":
+        config = _load(SFTConfig, args.config, args.overrides)
+    else:
+        config = EvalConfig(num_examples=args.examples, samples_per_example=args.samples,
+                            temperature=args.temperature)
+        _check_model_directory(args.model)
+        if args.output:
+            _check_output_file(args.output)
+    if args.command in ("train", "sft") and config.model.path is not None:
+        _check_model_directory(config.model.path, "model.path")
+    return config
+
+
+def _one_line(error: Exception) -> str:
+    if isinstance(error, OSError) and error.strerror and error.filename:
+        return f"{error.filename}: {error.strerror}"
+    return " ".join(str(error).split())
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        if args.command == "quickstart":
-            config = _quickstart_config(args)
-        elif args.command == "train":
-            config = load_config(RLConfig, args.config, args.overrides)
-            resolve_algorithm(config)
-        elif args.command == "sft":
-            config = load_config(SFTConfig, args.config, args.overrides)
-        else:
-            config = EvalConfig(num_examples=args.examples, samples_per_example=args.samples,
-                                temperature=args.temperature)
+        config = _checked_config(args)
         # Task names and parameters are checked here too, before any model is built.
         from rubric_jax.data.tasks import build_task  # noqa: PLC0415  (imports transformers: after the cheap checks)
 
         task_spec = (args.task, {}, args.task_seed) if args.command == "eval" else (
             config.task.name, config.task.params, config.task.seed)
         task = build_task(*task_spec)
+        if args.command != "eval":
+            _check_writable_directory(config.output_dir, "output_dir")
     except (ValueError, OSError) as error:
-        print(f"rubric-jax {args.command}: {error}", file=sys.stderr)
+        print(f"rubric-jax {args.command}: {_one_line(error)}", file=sys.stderr)
         return 2
 
     if args.command == "quickstart":

@@ -1,11 +1,17 @@
 """The `rubric-jax` command end to end on a tiny model: `sft` from a YAML config with overrides, then `eval` of
-the saved model, whose JSON holds the held-out metrics; a second `sft` with the same output resumes."""
+the saved model, whose JSON holds the held-out metrics; a second `sft` with the same output resumes. Each way
+each command can be given bad input ends in one line on stderr naming the problem, with status 2."""
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
+import pytest
 import yaml
 
 from rubric_jax import cli
+from rubric_jax.models.config import ModelConfig
 
 
 def test_sft_then_eval_from_the_command_line(tmp_path, capsys):
@@ -32,3 +38,128 @@ def test_sft_then_eval_from_the_command_line(tmp_path, capsys):
     assert json.loads(capsys.readouterr().out) == metrics
     assert {"eval/accuracy", "eval/pass@2", "eval/rubric_score", "eval/rubric/arithmetic.step1"} <= metrics.keys()
     assert all(0 <= metrics[key] <= 1 for key in ("eval/accuracy", "eval/pass@2", "eval/rubric_score"))
+
+
+# ---------------------------------------------------------------- bad input: one line, status 2, no traceback
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+RL = str(CONFIGS / "rar_arithmetic.yaml")
+RL_INIT = [RL, "model={init: {}}"]  # a random model instead of the SFT model the file names, so later checks run
+SFT = str(CONFIGS / "sft_arithmetic.yaml")
+VALID_MODEL = ModelConfig(model_type="qwen3", vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=1,
+                          num_heads=2, num_kv_heads=1, head_dim=16, max_position_embeddings=64).to_hf_dict()
+
+
+@pytest.fixture
+def inputs(tmp_path):
+    """Every kind of bad input, on disk: configs that are not YAML, not a mapping, with an unknown key; a plain
+    file; directories that are not Hugging Face models in each way; one that passes the directory checks (its
+    files are empty: the checks do not load weights)."""
+    (tmp_path / "bad.yaml").write_text("steps: [1, 2\n")
+    (tmp_path / "list.yaml").write_text("- steps\n")
+    (tmp_path / "unknown.yaml").write_text("nokey: 1\n")
+    (tmp_path / "afile").write_text("")
+    models = {"nojson": None, "badjson": "{not json", "gpt2": json.dumps({"model_type": "gpt2"}),
+              "noweights": json.dumps(VALID_MODEL), "notokenizer": json.dumps(VALID_MODEL),
+              "complete": json.dumps(VALID_MODEL)}
+    for name, config in models.items():
+        (tmp_path / name).mkdir()
+        if config is not None:
+            (tmp_path / name / "config.json").write_text(config)
+    for name in ("notokenizer", "complete"):
+        (tmp_path / name / "model.safetensors").write_text("")
+    (tmp_path / "complete" / "tokenizer.json").write_text("")
+    return tmp_path
+
+
+# train's and sft's config file argument
+CONFIG_FILE_CASES = [
+    ([], "the following arguments are required: config (see"),
+    (["{tmp}/missing.yaml"], "config file {tmp}/missing.yaml does not exist"),
+    (["{tmp}"], "config file {tmp} is a directory"),
+    (["{tmp}/bad.yaml"], "{tmp}/bad.yaml: not valid YAML"),
+    (["{tmp}/list.yaml"], "the top level must be a mapping"),
+    (["{tmp}/unknown.yaml"], "unknown config key nokey"),
+]
+BAD_INPUTS = {
+    "quickstart": [
+        (["--config", "{tmp}/missing.yaml"], "config file {tmp}/missing.yaml does not exist"),
+        (["--config", "{tmp}"], "config file {tmp} is a directory"),
+        (["--config", "{tmp}/bad.yaml"], "{tmp}/bad.yaml: not valid YAML: expected ',' or ']'"),
+        (["--config", "{tmp}/list.yaml"], "the top level must be a mapping"),
+        (["--config", "{tmp}/unknown.yaml"], "unknown config key nokey"),
+        (["nokey=1"], "unknown config key nokey"),
+        (["seed"], "override 'seed' is not of the form key.sub=value"),
+        (["seed=[1"], "override 'seed=[1': the value is not valid YAML"),
+        (["seed=abc"], "config key seed: expected an int, got 'abc'"),
+        (["task.name=nope"], "config key task.name: unknown task 'nope'"),
+        (["--output-dir", "{tmp}/afile/sub"], "cannot write the output_dir {tmp}/afile/sub: Not a directory"),
+        (["--bogus"], "unrecognized arguments: --bogus"),
+    ],
+    "train": [
+        *CONFIG_FILE_CASES,
+        ([RL, "optimizer.learning_rate"], "is not of the form key.sub=value"),
+        ([RL, "steps=many"], "config key steps: expected an int"),
+        ([RL, "algorithm.name=nope"], "config key algorithm.name: unknown algorithm 'nope'"),
+        ([RL, "algorithm.params.nokey=1"], "unknown config key algorithm.params.nokey"),
+        ([RL, "model.path={tmp}/missing"], "model.path {tmp}/missing does not exist"),
+        ([RL, "model.path={tmp}/nojson"], "model.path {tmp}/nojson is not a Hugging Face model directory"),
+        ([*RL_INIT, "task.name=nope"], "unknown task 'nope'"),
+        ([*RL_INIT, "output_dir={tmp}/afile"], "cannot write the output_dir {tmp}/afile: File exists"),
+    ],
+    "sft": [
+        *CONFIG_FILE_CASES,
+        ([SFT, "=3"], "override '=3' is not of the form key.sub=value"),
+        ([SFT, "batch_size=0"], "batch_size must be >= 1, got 0"),
+        ([SFT, "task.name=nope"], "unknown task 'nope'"),
+        ([SFT, "model={path: {tmp}/gpt2}"], "model.path {tmp}/gpt2: config.json: unsupported model_type 'gpt2'"),
+        ([SFT, "output_dir={tmp}/afile/sub"], "cannot write the output_dir {tmp}/afile/sub: Not a directory"),
+    ],
+    "eval": [
+        ([], "the following arguments are required: model"),
+        (["{tmp}/missing"], "model directory {tmp}/missing does not exist"),
+        (["{tmp}/afile"], "model directory {tmp}/afile is not a directory"),
+        (["{tmp}/nojson"], "model directory {tmp}/nojson is not a Hugging Face model directory: it has no "
+                           "config.json"),
+        (["{tmp}/badjson"], "model directory {tmp}/badjson: config.json: Expecting property name"),
+        (["{tmp}/gpt2"], "unsupported model_type 'gpt2'"),
+        (["{tmp}/noweights"], "model directory {tmp}/noweights has no weights: no model.safetensors"),
+        (["{tmp}/notokenizer"], "model directory {tmp}/notokenizer: no tokenizer files in {tmp}/notokenizer"),
+        (["{tmp}/complete", "--samples", "0"], "argument --samples: must be >= 1, got 0"),
+        (["{tmp}/complete", "--samples", "two"], "argument --samples: expected an integer, got 'two'"),
+        (["{tmp}/complete", "--samples", "2"], "greedy evaluation (temperature 0) gives one answer per example"),
+        (["{tmp}/complete", "--examples", "0"], "argument --examples: must be >= 1, got 0"),
+        (["{tmp}/complete", "--max-new-tokens", "-1"], "argument --max-new-tokens: must be >= 1, got -1"),
+        (["{tmp}/complete", "--temperature", "-1"], "temperature must be >= 0, got -1.0"),
+        (["{tmp}/complete", "--task", "nope"], "unknown task 'nope'"),
+        (["{tmp}/complete", "--output", "{tmp}"], "--output {tmp} is a directory"),
+        (["{tmp}/complete", "--output", "{tmp}/missing/m.json"], "the directory {tmp}/missing does not exist"),
+    ],
+}
+
+
+def run_cli(argv, capsys):
+    """`rubric-jax argv` in process: (exit status, stderr)."""
+    try:
+        status = cli.main(argv)
+    except SystemExit as exit_:  # argparse's usage errors
+        status = exit_.code
+    return status, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command, args, message", [
+    (command, args, message) for command, cases in BAD_INPUTS.items() for args, message in cases])
+def test_each_bad_input_is_one_line_naming_the_problem(inputs, capsys, command, args, message):
+    status, err = run_cli([command, *(arg.replace("{tmp}", str(inputs)) for arg in args)], capsys)
+    assert status == 2
+    assert err.endswith("\n") and err.count("\n") == 1, err
+    assert err.startswith(f"rubric-jax {command}: ") and "Traceback" not in err
+    assert message.replace("{tmp}", str(inputs)) in err
+
+
+def test_bad_input_from_a_shell(tmp_path):
+    """The installed command's path: a separate interpreter, nothing on stderr but the one line."""
+    result = subprocess.run([sys.executable, "-m", "rubric_jax.cli", "eval", str(tmp_path / "nonexistent")],
+                            capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr == f"rubric-jax eval: model directory {tmp_path / 'nonexistent'} does not exist\n"
