@@ -65,6 +65,7 @@ def make_batch(rng: np.random.Generator, num_rows: int, num_tokens: int, num_ite
         item_type=rng.integers(0, 4, (num_rows, num_items)).astype(np.int32),
         item_mask=np.ones((num_rows, num_items), bool),
         item_step=rng.integers(-1, max_steps + 1, (num_rows, num_items)).astype(np.int32),
+        num_steps=num_steps.astype(np.int32),
         step_ids=step_ids,
         response_mask=response_mask,
         valid=np.ones(num_rows, bool),
@@ -106,12 +107,13 @@ def main() -> None:
         return negate(floor_input)
 
     # 1. SRaR step-wise advantage
-    srar_jit = jax.jit(srar.srar_advantages, static_argnames=("max_steps",))
-    order = ("base", "group_ids", "satisfied", "item_type", "item_mask", "item_step", "step_ids", "response_mask", "valid")
+    srar_jit = jax.jit(srar.srar_advantages)
+    order = ("base", "group_ids", "satisfied", "item_type", "item_mask", "item_step", "num_steps", "step_ids",
+             "response_mask", "valid")
     jax_srar, floor_srar, ratio_srar = interleaved_times(
-        lambda: srar_jit(*(device[k] for k in order), max_steps=args.max_steps), floor, args.repeats
+        lambda: srar_jit(*(device[k] for k in order)), floor, args.repeats
     )
-    loop_srar = once(lambda: reference_advantages.srar_advantages(*(batch[k] for k in order), max_steps=args.max_steps))
+    loop_srar = once(lambda: reference_advantages.srar_advantages(*(batch[k] for k in order)))
     report("SRaR step-wise advantage (decoupled, eqs 3-6)", jax_srar, loop_srar, floor_srar, ratio_srar)
 
     # 2. GRPO advantage + PPO clipped loss, token-mean

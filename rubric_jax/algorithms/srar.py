@@ -9,14 +9,17 @@ Algorithm 1, for each training step (G = sampling.n responses per prompt):
   6.     r_base = (1 - lambda) r_acc + lambda r_fmt               core.rewards.srar_base_reward
          r_acc = task.is_correct, r_fmt = a step header and a box  has_step_format
   7.     each token's step from the tokenizer's offset mapping     rubrics.steps.response_step_ids
+         and each response's step count from its headers          rubrics.steps.step_spans
   8.     step-attributed judging of the typed rubric              base.judge_rollouts
   9.     d[k, i] = sum of the budgeted deltas of step k's items   core.srar.srar_item_deltas, srar_step_rewards
          (eq 3: +R_SUG / N_SUG, -|R_PIT| / N_PIT, +R_BON / N_BON per satisfied item; ANSWER items carry none)
   11-13. d_bar[k, i] = (d[k, i] - mean_Gk) / (std_Gk + eps)       core.srar.srar_step_normalize
-         over G_k, the group's rollouts with a delta at step k; 0 when |G_k| <= 1 or std_Gk <= eps
+         over G_k, the group's rollouts with a delta at step k (any k the judge wrote, as the authors' code);
+         0 when |G_k| <= 1 or std_Gk <= eps
   16.    A_base = (r_base - mean_g) / (std_g + eps)              core.advantages.grpo_advantages
   15,17. A[t] = A_base + d_bar[0] + d_bar[step of t]              core.srar.srar_token_offsets
-         (step 0 is the whole response; tokens outside every step get A_base + d_bar[0])
+         (step 0 is the whole response; tokens outside every step get A_base + d_bar[0]; the d_bar of a step
+         the response does not have also goes to every token, as the authors' fallback; -1 to none)
   20.    PPO update; by default the authors' run: clip 0.2 / 0.28, dual clip c = 10, token-mean, no KL
          (REFERENCE.md section 2)                                  base.policy_loss_fn
          optional, as in the authors' DAPO setting: dynamic sampling on accuracy, a group whose answers are all
@@ -64,7 +67,7 @@ from rubric_jax.judges.base import Verdicts
 from rubric_jax.rubrics import prompts
 from rubric_jax.rubrics.parsing import FailurePolicy
 from rubric_jax.rubrics.schema import ItemKind, Rubric, RubricArrays, rubric_arrays
-from rubric_jax.rubrics.steps import response_step_ids, split_steps
+from rubric_jax.rubrics.steps import response_step_ids, split_steps, step_spans
 
 TYPE_NAMES = {SUGGEST: "suggest", PITFALL: "pitfall", BONUS: "bonus", ANSWER: "answer"}
 
@@ -85,10 +88,8 @@ _BLANK_LINE = re.compile(r"\n[ \t]*\n")
 
 @dataclasses.dataclass(frozen=True)
 class SRaRConfig:
-    """max_items: rubric width K (the longest rubric must fit). max_steps: S, the highest step with its own
-    offset (a token of a higher step gets only step 0's; an item attributed above S counts as step 0).
-    format_weight: lambda of r_base (0.1 in the paper). budgets: R_SUG, R_PIT, R_BON (0.8, -1.0, 1.0).
-    prompt: "task" (the task's own prompt, already in step format for arithmetic) or "step_format" (Appendix
+    """max_items: rubric width K (the longest rubric must fit). format_weight: lambda of r_base (0.1 in the
+    paper). budgets: R_SUG, R_PIT, R_BON (0.8, -1.0, 1.0). Steps are not capped (`core.srar`). prompt: "task" (the task's own prompt, already in step format for arithmetic) or "step_format" (Appendix
     7.3 around the task's question). advantage / step_normalization / rubric: the ablations (module
     docstring). dynamic_sampling: drop the groups of uniform accuracy (module docstring, line 20). on_judge_failure:
     "zero_reward" or "exclude". std_ddof / eps: of both normalisations."""
@@ -96,7 +97,6 @@ class SRaRConfig:
     policy_loss: base.PolicyLossConfig = base.PolicyLossConfig(
         loss="dual_clip", eps_low=0.2, eps_high=0.28, clip_ratio_c=10.0)
     max_items: int = 16
-    max_steps: int = 16
     format_weight: float = 0.1
     budgets: TypedBudgets = TypedBudgets()
     prompt: Literal["task", "step_format"] = "task"
@@ -109,9 +109,8 @@ class SRaRConfig:
     eps: float = 1e-6
 
     def __post_init__(self):
-        for name in ("max_items", "max_steps"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_items < 1:
+            raise ValueError(f"max_items must be >= 1, got {self.max_items}")
         if not 0 <= self.format_weight <= 1:
             raise ValueError(f"format_weight must be in [0, 1], got {self.format_weight}")
         for name in ("suggest", "pitfall", "bonus"):
@@ -135,14 +134,16 @@ def has_step_format(text: str) -> bool:
     return bool(split_steps(text)) and "\\boxed{" in text
 
 
-def rollout_step_ids(rollouts: base.Rollouts, tokenizer: Any) -> np.ndarray:
-    """step_ids_bt [B, T] int32 of the packed rollouts: each response token's step (`response_step_ids`, the
-    tokenizer's offset mapping of the text the judge saw), 0 on the prompt and padding."""
+def rollout_steps(rollouts: base.Rollouts, tokenizer: Any) -> tuple[np.ndarray, np.ndarray]:
+    """(step_ids_bt [B, T] int32, num_steps_b [B] int32) of the packed rollouts: each response token's step
+    (`response_step_ids`, the tokenizer's offset mapping of the text the judge saw), 0 on the prompt and padding;
+    and each response's number of steps, counted from its headers (`step_spans`, 1 without a header)."""
     step_ids_bt = np.zeros(rollouts.batch["tokens_bt"].shape, np.int32)
     start = rollouts.prompt_width
     for b, sample in enumerate(rollouts.samples):
         step_ids_bt[b, start:start + len(sample.output_ids)] = response_step_ids(tokenizer, sample.output_ids)
-    return step_ids_bt
+    num_steps_b = np.array([len(step_spans(text)) for text in rollouts.texts], np.int32)
+    return step_ids_bt, num_steps_b
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,6 +167,7 @@ def decoupled_advantages(
     group_ids: np.ndarray,
     verdicts: Verdicts,
     items: RubricArrays,
+    num_steps_b: np.ndarray,
     step_ids_bt: np.ndarray,
     response_mask_bt: np.ndarray,
     valid_b: np.ndarray,
@@ -179,15 +181,14 @@ def decoupled_advantages(
     delta_bk, carries_bk = srar.srar_item_deltas(
         jnp.asarray(verdicts.satisfied_bk), jnp.asarray(items.item_kind_bk), jnp.asarray(items.item_mask_bk),
         config.budgets)
-    step_rewards = srar.srar_step_rewards(
-        delta_bk, carries_bk, jnp.asarray(verdicts.item_step_bk),
-        srar.response_step_counts(jnp.asarray(step_ids_bt), token_mask), max_steps=config.max_steps)
+    step_rewards = srar.srar_step_rewards(delta_bk, carries_bk, jnp.asarray(verdicts.item_step_bk))
     if config.step_normalization:
-        step_offsets_bs = srar.srar_step_normalize(
+        step_offsets = srar.srar_step_normalize(
             step_rewards, group_ids, valid, std_ddof=config.std_ddof, eps=config.eps)
     else:
-        step_offsets_bs = jnp.where(valid[:, None], step_rewards.reward_bs, 0.0)
-    offsets_bt = srar.srar_token_offsets(step_offsets_bs, jnp.asarray(step_ids_bt), token_mask)
+        step_offsets = step_rewards._replace(value_bk=jnp.where(valid[:, None], step_rewards.value_bk, 0.0))
+    offsets_bt = srar.srar_token_offsets(
+        step_offsets, jnp.asarray(num_steps_b), jnp.asarray(step_ids_bt), token_mask)
     advantages_bt = advantages.broadcast_to_tokens(outcome_b, token_mask) + offsets_bt
     return np.asarray(advantages_bt, np.float32), np.asarray(offsets_bt, np.float32)
 
@@ -198,6 +199,7 @@ def merged_advantages(
     group_ids: np.ndarray,
     verdicts: Verdicts,
     items: RubricArrays,
+    num_steps_b: np.ndarray,
     step_ids_bt: np.ndarray,
     response_mask_bt: np.ndarray,
     valid_b: np.ndarray,
@@ -206,7 +208,7 @@ def merged_advantages(
     return np.asarray(srar.srar_merged_advantages(
         jnp.asarray(base_b), jnp.asarray(group_ids), jnp.asarray(verdicts.satisfied_bk),
         jnp.asarray(items.item_kind_bk), jnp.asarray(items.item_mask_bk), jnp.asarray(verdicts.item_step_bk),
-        jnp.asarray(step_ids_bt), jnp.asarray(response_mask_bt), jnp.asarray(valid_b), max_steps=config.max_steps,
+        jnp.asarray(num_steps_b), jnp.asarray(step_ids_bt), jnp.asarray(response_mask_bt), jnp.asarray(valid_b),
         budgets=config.budgets, std_ddof=config.std_ddof, eps=config.eps), np.float32)
 
 
@@ -373,7 +375,7 @@ class SRaR(base.Algorithm):
         format_b = np.array([has_step_format(t) for t in rollouts.texts], bool)
         base_b = np.asarray(rewards.srar_base_reward(
             jnp.asarray(correct_b), jnp.asarray(format_b), format_weight=config.format_weight))
-        step_ids_bt = rollout_step_ids(rollouts, context.tokenizer)
+        step_ids_bt, num_steps_b = rollout_steps(rollouts, context.tokenizer)
         verdicts, rubrics = base.judge_rollouts(examples, rollouts, context, config.max_items)
         items = rubric_arrays(rubrics, config.max_items)
 
@@ -387,8 +389,8 @@ class SRaR(base.Algorithm):
             metrics["srar/kept_group_fraction"] = kept_group_fraction(keep_b, rollouts.group_ids)
         batch = dict(rollouts.batch)
         batch["response_mask_bt"] = batch["response_mask_bt"] & valid_b[:, None]
-        inputs = (config, base_b, rollouts.group_ids, verdicts, items, step_ids_bt, batch["response_mask_bt"],
-                  valid_b)
+        inputs = (config, base_b, rollouts.group_ids, verdicts, items, num_steps_b, step_ids_bt,
+                  batch["response_mask_bt"], valid_b)
         if config.advantage == "merged":
             batch["advantages_bt"] = merged_advantages(*inputs)
         else:

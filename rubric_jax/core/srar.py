@@ -3,23 +3,28 @@
 Arrays for one batch of B rollouts answering prompts with K rubric items each:
 - `satisfied_bk` [B, K] judge verdicts s_j (bool), `item_type_bk` [B, K] (SUGGEST / PITFALL / BONUS / ANSWER from
   `rubric_jax.core.rewards`), `item_mask_bk` [B, K] (the items that exist), `item_step_bk` [B, K] k_j, the step
-  the judge attributed item j to: k >= 1 a `### Step k:` step, 0 the whole response, -1 no step.
+  the judge attributed item j to, any int32: k >= 1 the k-th `### Step k:` step, 0 the whole response, -1 no step.
+- `num_steps_b` [B] the number of steps each response has, counted from its parsed headers (the authors'
+  `len(parse_steps(response))`, `rubrics.steps.step_spans`): a header whose span holds no token still counts,
+  and a response without a header is one step, step 1.
 - `step_ids_bt` [B, T] the step of each token: k >= 1 inside step k's span, 0 outside any step (the prompt,
   text before the first header, padding). `response_mask_bt` [B, T] marks the response tokens.
-- `max_steps` S, static: steps are 1..S; step slots 0..S.
 
-Conventions, following the authors' code (REFERENCE.md section 2):
+Conventions, transcribing the authors' code (github akarinmoe/SRaR, `recipe/SRaR/reward_manager.py:
+compute_rubric_deltas` and `srar_advantage.py:compute_srar_advantage`; REFERENCE.md section 2):
 - Only satisfied SUGGEST / PITFALL / BONUS items carry a delta (eq 3). ANSWER items and unsatisfied items carry
   none and do not make a rollout a member of a step group; a judge failure (every item "not satisfied") takes
-  the rollout out of every step group.
-- N_type counts every existing item of the type in the rollout's rubric, whatever its step (eq 3).
-- An item attributed to step -1 keeps its share of its type's budget but reaches no step group and no token.
-- An item attributed to a step the response does not have (k > the response's last step, k > S or k < -1) is
-  treated as step 0.
-- Step 0's normalised delta goes to every response token; step k's to the tokens of step k (eq 5), so a token
-  of step k receives d_bar[0] + d_bar[k] and a token outside any step receives d_bar[0].
-- Step normalisation (eq 4) is over the rollouts of the same prompt that have a delta-bearing item at that step
-  (G_k). |G_k| <= 1 or std_k <= eps gives 0. `std_ddof` 1 (default, the authors' code) or 0 (the paper's eq 9).
+  the rollout out of every step group. N_type counts every existing item of the type in the rollout's rubric,
+  whatever its step.
+- d[b, k] sums the deltas of rollout b's items attributed to k, for every k the judge wrote (line 9), and is
+  normalised over G_k, the rollouts of b's prompt that have a delta at k (eq 4), whatever k is: -1, 0, a step
+  the response has, or one it does not have (k > num_steps_b, or k < -1).
+- Token placement of d_bar[b, k] (eq 5): k = 0 every response token; 1 <= k <= num_steps_b the tokens of step k
+  (none for an empty step); k = -1 no token; any other k every response token (the authors' fallback). The
+  placements add up: a token of step k receives d_bar[k] + d_bar[0] + the d_bar of every fallback step.
+- |G_k| <= 1 or std_k <= eps gives 0. `std_ddof` 1 (default, the authors' `torch.std`) or 0 (the paper's eq 9).
+- Steps are not capped: a step value is a key, so the arrays keep the items' shape [B, K] (one value per
+  (rollout, step), held by the first delta-bearing item attributed to that step).
 """
 
 from typing import NamedTuple, Optional
@@ -30,14 +35,17 @@ import jax.numpy as jnp
 
 from rubric_jax.core.advantages import broadcast_to_tokens, grpo_advantages
 from rubric_jax.core.rewards import BONUS, PITFALL, SUGGEST, TypedBudgets
-from rubric_jax.core.segments import dense_segment_ids, pair_segment_ids, rows_mask, segment_stats
+from rubric_jax.core.segments import dense_segment_ids, rows_mask, segment_stats
 
 
-class StepRewards(NamedTuple):
-    """Per-step raw rubric reward d[b, k] (Algorithm 1, line 9) and whether rollout b is in G_k, [B, S + 1]."""
+class StepValues(NamedTuple):
+    """One value per (rollout b, attributed step k), [B, K] arrays shaped like the items: `value_bk` on the
+    first delta-bearing item of b attributed to k (`holds_bk`), 0 on every other item (`srar_token_offsets`
+    relies on it); `step_bk` the items' steps. `holds_bk` row b, step k: rollout b is in G_k."""
 
-    reward_bs: jax.Array
-    present_bs: jax.Array
+    value_bk: jax.Array
+    holds_bk: jax.Array
+    step_bk: jax.Array
 
 
 def srar_item_deltas(
@@ -80,78 +88,76 @@ def srar_rubric_total(
     return srar_item_deltas(satisfied_bk, item_type_bk, item_mask_bk, budgets)[0].sum(axis=1)
 
 
-def response_step_counts(step_ids_bt: jax.Array, response_mask_bt: jax.Array) -> jax.Array:
-    """The last step each response has, [B] (0 for a response without step headers)."""
-    chex.assert_equal_shape([step_ids_bt, response_mask_bt])
-    return jnp.max(jnp.where(response_mask_bt, step_ids_bt, 0), axis=1)
-
-
-def srar_step_rewards(
-    delta_bk: jax.Array,
-    carries_delta_bk: jax.Array,
-    item_step_bk: jax.Array,
-    num_steps_b: jax.Array,
-    *,
-    max_steps: int,
-) -> StepRewards:
-    """Per-step raw rubric reward d[b, k] = sum of the deltas attributed to step k (Algorithm 1, line 9).
-
-    `num_steps_b` [B] is each response's last step (`response_step_counts`); items attributed to a step outside
-    [-1, num_steps_b] or above `max_steps` count as step 0; items at step -1 are dropped here. Returns
-    StepRewards with [B, max_steps + 1] arrays, slot 0 the whole response.
-    """
+def srar_step_rewards(delta_bk: jax.Array, carries_delta_bk: jax.Array, item_step_bk: jax.Array) -> StepValues:
+    """Per-step raw rubric reward d[b, k] = sum of rollout b's deltas attributed to step k (Algorithm 1, line 9;
+    the authors' `step_deltas[step] += delta`), for every step value k, as StepValues."""
+    chex.assert_rank([delta_bk, carries_delta_bk, item_step_bk], 2)
     chex.assert_equal_shape([delta_bk, carries_delta_bk, item_step_bk])
-    chex.assert_rank(num_steps_b, 1)
-    in_range = (item_step_bk >= -1) & (item_step_bk <= jnp.minimum(num_steps_b, max_steps)[:, None])
-    slot = jnp.where(in_range, item_step_bk, 0)
-    reaches_step = carries_delta_bk.astype(bool) & (slot >= 0)
-    one_hot_bks = jax.nn.one_hot(slot, max_steps + 1, dtype=jnp.float32) * reaches_step[..., None]
-    reward = jnp.einsum("bk,bks->bs", delta_bk.astype(jnp.float32), one_hot_bks)
-    present = jnp.einsum("bks->bs", one_hot_bks) > 0
-    return StepRewards(reward_bs=jnp.where(present, reward, 0.0), present_bs=present)
+    carries = carries_delta_bk.astype(bool)
+    same_step_bij = (item_step_bk[:, :, None] == item_step_bk[:, None, :]) & carries[:, None, :]
+    reward_bk = jnp.einsum("bij,bj->bi", same_step_bij.astype(jnp.float32), delta_bk.astype(jnp.float32))
+    num_items = item_step_bk.shape[1]
+    earlier_ij = jnp.arange(num_items)[None, :] < jnp.arange(num_items)[:, None]
+    holds_bk = carries & ~jnp.any(same_step_bij & earlier_ij, axis=2)
+    return StepValues(value_bk=jnp.where(holds_bk, reward_bk, 0.0), holds_bk=holds_bk, step_bk=item_step_bk)
+
+
+def _group_step_segments(group_ids: jax.Array, step_bk: jax.Array) -> jax.Array:
+    """Dense segment ids [B * K] of the pairs (group of row b, step value), equal pairs to equal ids."""
+    num_rows, num_items = step_bk.shape
+    groups_bk = jnp.broadcast_to(dense_segment_ids(group_ids)[:, None], step_bk.shape)
+    pairs = jnp.stack([groups_bk.reshape(-1), step_bk.reshape(-1).astype(jnp.int32)], axis=1)
+    _, inverse = jnp.unique(
+        pairs, axis=0, return_inverse=True, size=num_rows * num_items, fill_value=jnp.iinfo(jnp.int32).max)
+    return inverse.reshape(-1).astype(jnp.int32)
 
 
 def srar_step_normalize(
-    step_rewards: StepRewards,
+    step_rewards: StepValues,
     group_ids: jax.Array,
     mask: Optional[jax.Array] = None,
     *,
     std_ddof: int = 1,
     eps: float = 1e-6,
-) -> jax.Array:
+) -> StepValues:
     """Cross-rollout step normalisation (SRaR eq 4): d_bar[b, k] = (d[b, k] - mu_k) / (sigma_k + eps).
 
-    mu_k and sigma_k are over G_k, the valid rollouts of b's group that are present at step k. 0 where b is not
-    in G_k, where |G_k| <= 1 and where sigma_k <= eps. Returns [B, S + 1] float32.
+    mu_k and sigma_k are over G_k, the valid rollouts of b's group that hold a value at step k (any step value,
+    out-of-range ones included). 0 where |G_k| <= 1 and where sigma_k <= eps; holders of masked rows get 0.
     """
-    reward_bs, present_bs = step_rewards
-    num_rows, num_slots = reward_bs.shape
-    valid = rows_mask(mask, num_rows)
-    dense_groups = dense_segment_ids(group_ids)
-    slots = jnp.broadcast_to(jnp.arange(num_slots), (num_rows, num_slots))
-    pair_ids = pair_segment_ids(jnp.broadcast_to(dense_groups[:, None], slots.shape), slots, num_slots)
-    members = present_bs & valid[:, None]
+    reward_bk, holds_bk, step_bk = step_rewards
+    num_rows, num_items = reward_bk.shape
+    members_bk = holds_bk & rows_mask(mask, num_rows)[:, None]
     stats = segment_stats(
-        reward_bs.reshape(-1), pair_ids.reshape(-1), members.reshape(-1), num_rows * num_slots, ddof=std_ddof
+        reward_bk.reshape(-1), _group_step_segments(group_ids, step_bk), members_bk.reshape(-1),
+        num_rows * num_items, ddof=std_ddof,
     )
-    count, std, deviation = (x.reshape(num_rows, num_slots) for x in (stats.count, stats.std, stats.deviation))
-    informative = members & (count > 1) & (std > eps)
-    return jnp.where(informative, deviation / (std + eps), 0.0)
+    count, std, deviation = (x.reshape(num_rows, num_items) for x in (stats.count, stats.std, stats.deviation))
+    informative = members_bk & (count > 1) & (std > eps)
+    return step_rewards._replace(value_bk=jnp.where(informative, deviation / (std + eps), 0.0))
 
 
-def srar_token_offsets(step_offsets_bs: jax.Array, step_ids_bt: jax.Array, response_mask_bt: jax.Array) -> jax.Array:
-    """Per-step token assignment (SRaR eq 5): each response token gets d_bar[0] + d_bar[its step], [B, T].
-
-    Tokens outside any step get d_bar[0]; tokens whose step exceeds max_steps get d_bar[0] only; 0 off the mask.
-    """
-    chex.assert_rank([step_offsets_bs, step_ids_bt], 2)
+def srar_token_offsets(
+    step_values: StepValues, num_steps_b: jax.Array, step_ids_bt: jax.Array, response_mask_bt: jax.Array
+) -> jax.Array:
+    """Per-step token placement (SRaR eq 5; the authors' `compute_srar_advantage`), [B, T] float32: each response
+    token receives the values of the steps placed on it (module docstring): its own step k when
+    1 <= k <= num_steps_b, step 0, and every step outside [-1, num_steps_b]. 0 off the mask."""
+    value_bk, holds_bk, step_bk = step_values
+    chex.assert_equal_shape([value_bk, holds_bk, step_bk])
     chex.assert_equal_shape([step_ids_bt, response_mask_bt])
-    max_steps = step_offsets_bs.shape[1] - 1
-    # One gather per token from a per-row table: slot 0 holds d_bar[0], slot k holds d_bar[0] + d_bar[k].
-    table_bs = step_offsets_bs + jnp.where(jnp.arange(max_steps + 1) >= 1, step_offsets_bs[:, :1], 0.0)
-    in_step = (step_ids_bt >= 1) & (step_ids_bt <= max_steps)
-    offsets = jnp.take_along_axis(table_bs, jnp.where(in_step, step_ids_bt, 0), axis=1)
-    return jnp.where(response_mask_bt, offsets, 0.0)
+    chex.assert_rank(num_steps_b, 1)
+    num_steps_b1 = num_steps_b[:, None]
+    whole_response = (step_bk == 0) | (step_bk < -1) | (step_bk > num_steps_b1)
+    whole_b = jnp.sum(jnp.where(holds_bk & whole_response, value_bk, 0.0), axis=1)
+    # A token of step k in [1, num_steps_b] receives the value of the holder of k (other items hold 0). The test
+    # of the range is on the token's side and K is static: the comparisons fuse into one pass over the tokens
+    # with three operations per item, without a [B, T, K] array.
+    own_bt = jnp.zeros(step_ids_bt.shape, jnp.float32)
+    for j in range(step_bk.shape[1]):
+        own_bt = own_bt + jnp.where(step_ids_bt == step_bk[:, j:j + 1], value_bk[:, j:j + 1], 0.0)
+    in_response_bt = (step_ids_bt >= 1) & (step_ids_bt <= num_steps_b1)
+    return jnp.where(response_mask_bt, whole_b[:, None] + jnp.where(in_response_bt, own_bt, 0.0), 0.0)
 
 
 def srar_advantages(
@@ -161,31 +167,28 @@ def srar_advantages(
     item_type_bk: jax.Array,
     item_mask_bk: jax.Array,
     item_step_bk: jax.Array,
+    num_steps_b: jax.Array,
     step_ids_bt: jax.Array,
     response_mask_bt: jax.Array,
     mask: Optional[jax.Array] = None,
     *,
-    max_steps: int,
     budgets: TypedBudgets = TypedBudgets(),
     std_ddof: int = 1,
     eps: float = 1e-6,
 ) -> jax.Array:
     """The decoupled SRaR advantage (eq 6, Algorithm 1): GRPO advantage of r_base on every response token plus
-    the step-normalised rubric offset of the token's step. Returns [B, T] float32, 0 for masked rollouts.
+    the step-normalised rubric offsets placed on the token. Returns [B, T] float32, 0 for masked rollouts.
 
     `base_rewards` [B] is r_base = (1 - lambda) r_acc + lambda r_fmt (`rubric_jax.core.rewards`).
     """
     valid = rows_mask(mask, base_rewards.shape[0])
+    token_mask = response_mask_bt.astype(bool) & valid[:, None]
     outcome = grpo_advantages(base_rewards, group_ids, valid, std_ddof=std_ddof, eps=eps)
     delta_bk, carries_delta_bk = srar_item_deltas(satisfied_bk, item_type_bk, item_mask_bk, budgets)
-    step_rewards = srar_step_rewards(
-        delta_bk, carries_delta_bk, item_step_bk, response_step_counts(step_ids_bt, response_mask_bt),
-        max_steps=max_steps,
-    )
+    step_rewards = srar_step_rewards(delta_bk, carries_delta_bk, item_step_bk)
     step_offsets = srar_step_normalize(step_rewards, group_ids, valid, std_ddof=std_ddof, eps=eps)
-    token_mask = response_mask_bt.astype(bool) & valid[:, None]
-    # The outcome advantage reaches every response token, as step 0's offset does: add it to slot 0.
-    return srar_token_offsets(step_offsets.at[:, 0].add(outcome), step_ids_bt, token_mask)
+    offsets_bt = srar_token_offsets(step_offsets, num_steps_b, step_ids_bt, token_mask)
+    return broadcast_to_tokens(outcome, token_mask) + offsets_bt
 
 
 def srar_merged_advantages(
@@ -195,11 +198,11 @@ def srar_merged_advantages(
     item_type_bk: jax.Array,
     item_mask_bk: jax.Array,
     item_step_bk: jax.Array,
+    num_steps_b: jax.Array,
     step_ids_bt: jax.Array,
     response_mask_bt: jax.Array,
     mask: Optional[jax.Array] = None,
     *,
-    max_steps: int,
     budgets: TypedBudgets = TypedBudgets(),
     std_ddof: int = 1,
     eps: float = 1e-6,
@@ -207,19 +210,19 @@ def srar_merged_advantages(
     """SRaR's "merged RaR-style" ablation (srar.txt, Appendix 18, decoupled-advantage ablation).
 
     One scalar reward r_base + sum of the rollout's item deltas is GRPO-normalised in its group and allocated to
-    the tokens of the steps that received rubric scores (all response tokens when step 0 did). A rollout with no
-    delta-bearing item keeps its advantage on every response token, so an outcome-only rollout is not silenced.
+    the tokens that the decoupled advantage places rubric scores on (`srar_token_offsets`: the tokens of the
+    scored steps, every response token when step 0 or a fallback step was scored). A rollout whose scores reach
+    none of its tokens (no delta-bearing item, or only items at step -1 or at empty steps) keeps its advantage on
+    every response token, so an outcome-only rollout is not silenced.
     Returns [B, T] float32, 0 for masked rollouts.
     """
     valid = rows_mask(mask, base_rewards.shape[0])
     delta_bk, carries_delta_bk = srar_item_deltas(satisfied_bk, item_type_bk, item_mask_bk, budgets)
     merged = base_rewards.astype(jnp.float32) + delta_bk.sum(axis=1)  # r_base + srar_rubric_total
     advantage = grpo_advantages(merged, group_ids, valid, std_ddof=std_ddof, eps=eps)
-    present_bs = srar_step_rewards(
-        delta_bk, carries_delta_bk, item_step_bk, response_step_counts(step_ids_bt, response_mask_bt),
-        max_steps=max_steps,
-    ).present_bs
-    scored_bt = srar_token_offsets(present_bs.astype(jnp.float32), step_ids_bt, response_mask_bt) > 0
-    unscored_b = ~present_bs.any(axis=1)
+    scored = srar_step_rewards(delta_bk, carries_delta_bk, item_step_bk)
+    scored = scored._replace(value_bk=scored.holds_bk.astype(jnp.float32))
+    scored_bt = srar_token_offsets(scored, num_steps_b, step_ids_bt, response_mask_bt) > 0
+    unscored_b = ~scored_bt.any(axis=1)
     receives_bt = response_mask_bt.astype(bool) & (scored_bt | unscored_b[:, None]) & valid[:, None]
     return broadcast_to_tokens(advantage, receives_bt)

@@ -153,7 +153,7 @@ def srar_format(extract_answer: Callable[[str], Optional[str]] = extract_boxed) 
             r.question, r.rubric, r.response, extract_answer(r.response)
         ),
         schema=lambda r: parsing.srar_judge_schema(len(r.rubric.criteria)),
-        parse=lambda text, r: parsing.parse_srar_judge(text, num_items=len(r.rubric.criteria), num_steps=r.num_steps),
+        parse=lambda text, r: parsing.parse_srar_judge(text, num_items=len(r.rubric.criteria)),
     )
 
 

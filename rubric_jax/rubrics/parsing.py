@@ -3,8 +3,7 @@
 A parser never raises on a str (a non-str argument, or a bad caller argument such as num_items < 0, is a
 programmer error: ValueError). Its result says `ok`; when not ok, `reason` is one of REASONS, `detail` says more,
 and the values are the parser's documented failure fill. Every number read is checked: finite, and within the
-bounds the parser's docstring states; a violation is a failure, never silently clipped (the one documented
-remap: SRaR step numbers outside [-1, num_steps] mean step 0, the authors' convention).
+bounds the parser's docstring states; a violation is a failure, never silently clipped or remapped.
 
 What the JSON parsers accept, in order:
 - text after the last "</think>" (reasoning models); a "<think>" opening the output without its closing tag is
@@ -353,19 +352,18 @@ def _build_rubric(criteria: list, max_items: int, *, points_range=None, format_:
 # ---------------------------------------------------------------- judge verdicts
 
 
-def parse_srar_judge(text: str, *, num_items: int, num_steps: Optional[int] = None) -> ParseResult:
+def parse_srar_judge(text: str, *, num_items: int) -> ParseResult:
     """SRaR's step-attributed judge output (srar.txt, Appendix 7.4): a JSON array of
     {"id": int, "satisfied": bool, "step": int}, one entry per rubric item.
 
-    Values: `satisfied_k` float32 [num_items] in {0, 1}; `step_k` int32 [num_items] in [-1, num_steps] (the
-    step the item is attributed to: k >= 1 a `### Step k:`, 0 the whole solution, -1 none).
+    Values: `satisfied_k` float32 [num_items] in {0, 1}; `step_k` int32 [num_items], the step as the judge wrote
+    it (k >= 1 a `### Step k:`, 0 the whole solution, -1 none), also a step the response does not have: the
+    authors' code keeps it (its own step group, placed on the whole response; `core.srar`).
     Checks: exactly num_items entries; ids are the 1-based item numbers of `prompts.srar_item_rows`, each once;
-    satisfied a boolean (or 0 / 1); step an integer. A step outside [-1, num_steps] (num_steps None: outside
-    [-1, 2**31 - 1]) is read as 0, the whole solution, as the authors' code does (REFERENCE.md section 2).
+    satisfied a boolean (or 0 / 1); step an integer within int32 ("out_of_bounds" otherwise).
     Failure fill: every item unsatisfied, step -1 (SRaR's convention for a failed judge call).
     """
     k = _check_count(num_items, "num_items")
-    max_step = _INT32_MAX if num_steps is None else _check_count(num_steps, "num_steps")
     ok, fail = _array_parser(
         {"satisfied_k": lambda: np.zeros(k, np.float32), "step_k": lambda: np.full(k, -1, np.int32)}
     )
@@ -386,7 +384,9 @@ def parse_srar_judge(text: str, *, num_items: int, num_steps: Optional[int] = No
             seen.add(item_id)
             satisfied[item_id - 1] = _boolean(_field(entry, "satisfied", where), f"{where}.satisfied")
             s = _integer(_field(entry, "step", where), f"{where}.step")
-            step[item_id - 1] = s if -1 <= s <= max_step else 0
+            if not -_INT32_MAX - 1 <= s <= _INT32_MAX:
+                raise _Invalid("out_of_bounds", f"{where}.step: {s} outside int32")
+            step[item_id - 1] = s
         return ok({"satisfied_k": satisfied, "step_k": step})
 
     return _guard(body, text, fail)

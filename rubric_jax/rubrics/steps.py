@@ -5,17 +5,23 @@ SRaR (srar.txt, section 3.3) prompts the policy to write "### Step N:" headers a
 span runs to the next header) and maps characters to tokens proportionally (REFERENCE.md section 2); here the
 mapping is exact.
 
-Conventions (`rubric_jax.core.srar`'s step ids: k >= 1 inside step k, 0 outside any step):
+Conventions (`rubric_jax.core.srar`'s step ids: k >= 1 inside step k, 0 outside any step; its `num_steps`):
 - A header is a match of the authors' regex anywhere in the text, mid-line included (their regex has no anchor).
   Its span runs from the header's first `#` to the next counted header (or the end of the text), so the header
-  belongs to its own step. Text before the first header belongs to no step (0). No header: every token is 0.
+  belongs to its own step. Text before the first header belongs to no step (0).
+- A text without a header is one step, step 1, spanning the whole text (`step_spans`, the authors'
+  `parse_steps`), so the judge's "step 1" of such a response is all of it.
+- The number of steps is counted from the headers, `len(step_spans(text))` (the authors' `len(spans)`), not from
+  the tokens: a step whose span holds no token's first character (a header that shares its tokens with the text
+  before it) still counts, and an item the judge attributes to it reaches no token (`core.srar`).
 - Step numbers are the numbers *as written*, because the judge attributes items to "the 1-indexed step number
   (### Step N)" it reads in the response (srar.txt, Appendix 7.3). Hence:
   repeated headers (two "### Step 2:") start two spans that are both step 2, and an item attributed to step 2
   reaches the tokens of both; non-increasing numbers (1, 3, 2) are kept as written; "### Step 0:" starts a span
   of step 0, i.e. its tokens count as outside any step; numbers are read from any Unicode decimal digits (the
-  regex's `\\d`) and clamped to MAX_STEP_NUMBER (int32). The core maps steps above its static `max_steps` to no
-  step of their own.
+  regex's `\\d`) and clamped to MAX_STEP_NUMBER (int32). The authors index spans by position instead (the
+  judge's step k is the k-th header); the two agree whenever the headers are numbered 1, 2, ..., n in order
+  (docs/fidelity/srar.md).
 - Headers inside fenced code blocks are ignored (a fence is a line of 3+ backticks or tildes indented by at most
   3 spaces, closed by a line of the same character, at least as long, with nothing else on it; an unclosed fence
   runs to the end of the text, as in CommonMark). A fenced block is content of the step it sits in. Inline code
@@ -103,6 +109,12 @@ def split_steps(text: str) -> list[StepSpan]:
         StepSpan(number=_header_number(match.group(1)), header_start=match.start(), start=match.end(), end=end)
         for match, end in zip(headers, ends)
     ]
+
+
+def step_spans(text: str) -> list[StepSpan]:
+    """The steps the SRaR advantage indexes, as the authors' `parse_steps`: `split_steps(text)`, or, for a text
+    without a header, one step numbered 1 spanning the whole text (with an empty header)."""
+    return split_steps(text) or [StepSpan(number=1, header_start=0, start=0, end=len(text))]
 
 
 def step_ids_from_offsets(spans: Sequence[StepSpan], offsets_t2: np.ndarray, length: int) -> np.ndarray:
@@ -224,7 +236,8 @@ def token_char_offsets(tokenizer, response_ids: Sequence[int]) -> tuple[str, np.
 
 
 def response_step_ids(tokenizer, response_ids: Sequence[int]) -> np.ndarray:
-    """`step_ids [T]` int32 of a response's tokens (module docstring): the step of each token's first character
-    in `response_text(tokenizer, response_ids)`, 0 outside any step."""
+    """`step_ids [T]` int32 of a response's tokens (module docstring): the step (`step_spans`) of each token's
+    first character in `response_text(tokenizer, response_ids)`, 0 outside any step; every token 1 when the
+    response has no header."""
     text, offsets_t2 = token_char_offsets(tokenizer, response_ids)
-    return step_ids_from_offsets(split_steps(text), offsets_t2, len(text))
+    return step_ids_from_offsets(step_spans(text), offsets_t2, len(text))

@@ -155,11 +155,11 @@ def grpo_reference(rewards, group_ids, valid, eps=1e-6):
     return out
 
 
-def reference_step_rewards(satisfied, kinds, mask, item_step, step_ids, response_mask, max_steps):
-    """Per rollout {step: d} (eq 3 and Algorithm 1 line 9; -1 dropped, out-of-range -> 0)."""
+def reference_step_rewards(satisfied, kinds, mask, item_step):
+    """Per rollout {step: d} (eq 3 and Algorithm 1 line 9, the authors' `compute_rubric_deltas`: every step the
+    judge wrote is a key, in range of the response or not)."""
     rewards = []
     for b in range(satisfied.shape[0]):
-        last = max([int(s) for s, m in zip(step_ids[b], response_mask[b]) if m] + [0])
         steps = {}
         for k in range(satisfied.shape[1]):
             kind = int(kinds[b, k])
@@ -168,19 +168,23 @@ def reference_step_rewards(satisfied, kinds, mask, item_step, step_ids, response
             count = sum(1 for j in range(satisfied.shape[1]) if mask[b, j] and kinds[b, j] == kind)
             delta = math.copysign(abs(BUDGETS[kind]), BUDGETS[kind]) / count
             step = int(item_step[b, k])
-            if step == -1:
-                continue
-            if step < -1 or step > min(last, max_steps):
-                step = 0
             steps[step] = steps.get(step, 0.0) + delta
         rewards.append(steps)
     return rewards
 
 
-def reference_advantages(config, base_b, group_ids, verdicts, rubrics, step_ids, response_mask, valid, eps=1e-6):
+def placed(step, num_steps, token_step):
+    """Whether step `step`'s value reaches a token of step `token_step` (the authors' `compute_srar_advantage`):
+    -1 none, 1..num_steps that step's tokens, 0 and anything else every token."""
+    if step == -1:
+        return False
+    return token_step == step if 1 <= step <= num_steps else True
+
+
+def reference_advantages(config, base_b, group_ids, verdicts, rubrics, num_steps, step_ids, response_mask, valid,
+                         eps=1e-6):
     items = rubric_arrays(rubrics, config.max_items)
-    d = reference_step_rewards(verdicts.satisfied_bk, items.item_kind_bk, items.item_mask_bk, verdicts.item_step_bk,
-                               step_ids, response_mask, config.max_steps)
+    d = reference_step_rewards(verdicts.satisfied_bk, items.item_kind_bk, items.item_mask_bk, verdicts.item_step_bk)
     num_rows, length = response_mask.shape
     advantages = np.zeros((num_rows, length))
     if config.advantage == "merged":
@@ -195,10 +199,10 @@ def reference_advantages(config, base_b, group_ids, verdicts, rubrics, step_ids,
             totals.append(base_b[b] + total)
         outcome = grpo_reference(np.array(totals), group_ids, valid)
         for b in range(num_rows):
+            scored = [t for t in range(length) if response_mask[b, t]
+                      and any(placed(step, num_steps[b], int(step_ids[b, t])) for step in d[b])]
             for t in range(length):
-                step = int(step_ids[b, t])
-                scored = 0 in d[b] or (1 <= step <= config.max_steps and step in d[b]) or not d[b]
-                if response_mask[b, t] and valid[b] and scored:
+                if response_mask[b, t] and valid[b] and (t in scored or not scored):
                     advantages[b, t] = outcome[b]
         return advantages
     outcome = grpo_reference(base_b, group_ids, valid)
@@ -217,9 +221,9 @@ def reference_advantages(config, base_b, group_ids, verdicts, rubrics, step_ids,
     for b in range(num_rows):
         for t in range(length):
             if response_mask[b, t] and valid[b]:
-                step = int(step_ids[b, t])
-                own = offsets[b].get(step, 0.0) if 1 <= step <= config.max_steps else 0.0
-                advantages[b, t] = outcome[b] + offsets[b].get(0, 0.0) + own
+                token_step = int(step_ids[b, t])
+                advantages[b, t] = outcome[b] + sum(
+                    value for step, value in offsets[b].items() if placed(step, num_steps[b], token_step))
     return advantages
 
 
@@ -240,10 +244,11 @@ def check_against_reference(config, result, the_context, examples, judge):
     step_ids = np.zeros(batch["tokens_bt"].shape, np.int64)
     for b, ids in enumerate(responses):
         step_ids[b, width:width + len(ids)] = response_step_ids(TOKENIZER, ids)
+    num_steps = [max(1, len(header.findall(t))) for t in texts]  # the authors' len(parse_steps(text))
     rubrics = [the_context.task.rubric(e) for e in owners]
     valid = ~judge.verdicts.failed_b if config.on_judge_failure == "exclude" else np.ones(rows, bool)
     expected = reference_advantages(config, base_b, np.arange(rows) // group_size, judge.verdicts, rubrics,
-                                    step_ids, full_mask, valid)
+                                    num_steps, step_ids, full_mask, valid)
     np.testing.assert_allclose(batch["advantages_bt"], expected, rtol=1e-4, atol=1e-5)
     np.testing.assert_array_equal(batch["response_mask_bt"], full_mask & valid[:, None])
     return expected
@@ -306,7 +311,6 @@ def test_srar_is_registered_and_its_config_validates():
 
 @pytest.mark.parametrize("changes, message", [
     (dict(max_items=0), "max_items"),
-    (dict(max_steps=0), "max_steps"),
     (dict(format_weight=1.5), "format_weight"),
     (dict(advantage="merged", step_normalization=False), "step_normalization"),
     (dict(std_ddof=2), "std_ddof"),
@@ -358,17 +362,18 @@ def test_the_recipe_composes_the_core_decoupled_advantage():
     verdicts, rubrics = srar_recipe.base.judge_rollouts([EXAMPLE], rollouts, ctx, 16)
     items = rubric_arrays(rubrics, 16)
     base_b = np.array([1.0, 0.1, 1.0, 0.9], np.float32)
+    step_ids_bt, num_steps_b = srar_recipe.rollout_steps(rollouts, TOKENIZER)
+    np.testing.assert_array_equal(num_steps_b, [3, 3, 4, 1])  # the no-header response is one step
     core = core_srar.srar_advantages(
         base_b, rollouts.group_ids, verdicts.satisfied_bk, items.item_kind_bk, items.item_mask_bk,
-        verdicts.item_step_bk, srar_recipe.rollout_step_ids(rollouts, TOKENIZER),
-        rollouts.batch["response_mask_bt"], max_steps=16)
+        verdicts.item_step_bk, num_steps_b, step_ids_bt, rollouts.batch["response_mask_bt"])
     np.testing.assert_allclose(result.batch["advantages_bt"], np.asarray(core), rtol=1e-6, atol=1e-7)
 
 
 @pytest.mark.parametrize("config", [
     SRaRConfig(), SRaRConfig(step_normalization=False), SRaRConfig(advantage="merged"),
-    SRaRConfig(on_judge_failure="exclude", max_steps=2), SRaRConfig(std_ddof=1, max_items=12),
-], ids=["decoupled", "no_step_norm", "merged", "exclude_max_steps_2", "k12"])
+    SRaRConfig(on_judge_failure="exclude"), SRaRConfig(std_ddof=1, max_items=12),
+], ids=["decoupled", "no_step_norm", "merged", "exclude", "k12"])
 def test_advantages_match_the_numpy_loop_on_random_step_attributed_verdicts(config):
     rng = np.random.default_rng(7)
 
@@ -413,7 +418,7 @@ def test_no_step_normalisation_puts_the_raw_step_rewards_on_the_tokens_and_keeps
     d = {0: {0: 1.0, 1: 0.8 / 3, 2: 0.8 / 3, 3: 0.8 / 3}, 1: {0: 1.0, 1: -1 / 3},
          2: {1: 0.8 / 3 - 1 / 3, 2: 0.8 / 3, 3: 0.8 / 3},
          3: {0: -1 / 3}}
-    steps_of_parts = {0: [1, 2, 3], 1: [1, 2, 3], 2: [0, 1, 1, 2, 3], 3: [0]}
+    steps_of_parts = {0: [1, 2, 3], 1: [1, 2, 3], 2: [0, 1, 1, 2, 3], 3: [1]}  # no header: one step, step 1
     for row in range(4):
         values = [outcome[row] + d[row].get(0, 0.0) + (d[row].get(step, 0.0) if step else 0.0)
                   for step in steps_of_parts[row]]

@@ -127,62 +127,65 @@ def srar_item_deltas(satisfied, item_type, item_mask, budgets=(0.8, -1.0, 1.0)):
     return delta, carries
 
 
-def srar_advantages(base, group_ids, satisfied, item_type, item_mask, item_step, step_ids, response_mask, valid,
-                    max_steps, std_ddof=1, eps=1e-6, budgets=(0.8, -1.0, 1.0)):
-    """Algorithm 1: GRPO outcome advantage + step-normalised rubric offsets, per token."""
-    num_rows, num_tokens = response_mask.shape
-    base = np.asarray(base, np.float64)
+def srar_step_deltas(satisfied, item_type, item_mask, item_step, budgets=(0.8, -1.0, 1.0)):
+    """Algorithm 1, line 9, as the authors' `compute_rubric_deltas`: per rollout, {step as judged: summed delta}
+    over the delta-bearing items, whatever the step's value."""
     delta, carries = srar_item_deltas(satisfied, item_type, item_mask, budgets)
-    # line 9: d[b][k] for every step k that has a delta-bearing item (dict: absent steps are not in G_k)
-    step_reward = [dict() for _ in range(num_rows)]
-    for b in range(num_rows):
-        last_step = 0
-        for t in range(num_tokens):
-            if response_mask[b, t]:
-                last_step = max(last_step, int(step_ids[b, t]))
-        for j in range(item_step.shape[1]):
-            if not carries[b, j]:
+    step_deltas = [dict() for _ in range(satisfied.shape[0])]
+    for b in range(satisfied.shape[0]):
+        for j in range(satisfied.shape[1]):
+            if carries[b, j]:
+                k = int(item_step[b, j])
+                step_deltas[b][k] = step_deltas[b].get(k, 0.0) + delta[b, j]
+    return step_deltas
+
+
+def srar_placed_tokens(k, num_steps, step_ids_t, response_mask_t):
+    """The tokens step k's value goes to, as the authors' `compute_srar_advantage` places it: 0 the whole
+    response, -1 none, 1..num_steps that step's tokens, anything else the whole response (their fallback)."""
+    if k == -1:
+        return []
+    if 1 <= k <= num_steps:
+        return [t for t in range(len(step_ids_t)) if response_mask_t[t] and step_ids_t[t] == k]
+    return [t for t in range(len(step_ids_t)) if response_mask_t[t]]
+
+
+def srar_advantages(base, group_ids, satisfied, item_type, item_mask, item_step, num_steps, step_ids, response_mask,
+                    valid, std_ddof=1, eps=1e-6, budgets=(0.8, -1.0, 1.0)):
+    """Algorithm 1 as the authors' `compute_srar_advantage`: GRPO outcome advantage on every response token, plus
+    each step's d_bar, normalised over the group's rollouts that have a delta at that step, added on the tokens
+    `srar_placed_tokens` names."""
+    num_rows, num_tokens = response_mask.shape
+    step_deltas = srar_step_deltas(satisfied, item_type, item_mask, item_step, budgets)
+    offset = np.zeros((num_rows, num_tokens))
+    for members in group_members(group_ids, valid).values():
+        steps = sorted({k for b in members for k in step_deltas[b]})
+        for k in steps:
+            in_step = [b for b in members if k in step_deltas[b]]
+            if len(in_step) <= 1:
                 continue
-            k = int(item_step[b, j])
-            if k < -1 or k > min(last_step, max_steps):
-                k = 0
-            if k == -1:
-                continue
-            step_reward[b][k] = step_reward[b].get(k, 0.0) + delta[b, j]
-    # lines 11-13: normalise per (group, step) over G_k
-    groups = group_members(group_ids, valid)
-    normalised = [dict() for _ in range(num_rows)]
-    for b in range(num_rows):
-        if not valid[b]:
-            continue
-        for k, d in step_reward[b].items():
-            members = [c for c in groups[int(group_ids[b])] if k in step_reward[c]]
-            values = [step_reward[c][k] for c in members]
+            values = [step_deltas[b][k] for b in in_step]
             spread = _std(values, std_ddof)
-            if len(members) <= 1 or spread <= eps or all(v == values[0] for v in values):
-                normalised[b][k] = 0.0
-            else:
-                normalised[b][k] = (d - sum(values) / len(values)) / (spread + eps)
-    # lines 14-17: outcome advantage + offsets of step 0 and of the token's own step
-    outcome = grpo(base, group_ids, valid, std_ddof, eps)
+            for b, d in zip(in_step, values):
+                normalised = (d - sum(values) / len(values)) / (spread + eps) if spread > eps else 0.0
+                for t in srar_placed_tokens(k, int(num_steps[b]), step_ids[b], response_mask[b]):
+                    offset[b, t] += normalised
+    outcome = grpo(np.asarray(base, np.float64), group_ids, valid, std_ddof, eps)
     out = np.zeros((num_rows, num_tokens))
     for b in range(num_rows):
         for t in range(num_tokens):
-            if not (valid[b] and response_mask[b, t]):
-                continue
-            value = outcome[b] + normalised[b].get(0, 0.0)
-            k = int(step_ids[b, t])
-            if 1 <= k <= max_steps:
-                value += normalised[b].get(k, 0.0)
-            out[b, t] = value
+            if valid[b] and response_mask[b, t]:
+                out[b, t] = outcome[b] + offset[b, t]
     return out
 
 
-def srar_merged(base, group_ids, satisfied, item_type, item_mask, item_step, step_ids, response_mask, valid,
-                max_steps, std_ddof=1, eps=1e-6, budgets=(0.8, -1.0, 1.0)):
-    """Merged RaR-style ablation: one scalar (r_base + sum of deltas), GRPO, on the tokens of scored steps."""
+def srar_merged(base, group_ids, satisfied, item_type, item_mask, item_step, num_steps, step_ids, response_mask,
+                valid, std_ddof=1, eps=1e-6, budgets=(0.8, -1.0, 1.0)):
+    """Merged RaR-style ablation: one scalar (r_base + sum of deltas), GRPO, on the tokens where the decoupled
+    advantage places rubric scores (`srar_placed_tokens`); on every response token when they reach none."""
     num_rows, num_tokens = response_mask.shape
-    delta, carries = srar_item_deltas(satisfied, item_type, item_mask, budgets)
+    delta, _ = srar_item_deltas(satisfied, item_type, item_mask, budgets)
+    step_deltas = srar_step_deltas(satisfied, item_type, item_mask, item_step, budgets)
     # The scalar is formed in float32, as the estimator's contract says; in float64, sums that tie in exact
     # arithmetic (0.1 + 0.4 vs 0.9 - 0.4) would differ from float32's by an ulp that 1 / (std + eps) amplifies.
     merged = np.zeros(num_rows, np.float32)
@@ -194,18 +197,10 @@ def srar_merged(base, group_ids, satisfied, item_type, item_mask, item_step, ste
     advantage = grpo(merged, group_ids, valid, std_ddof, eps)
     out = np.zeros((num_rows, num_tokens))
     for b in range(num_rows):
-        last_step = max([int(step_ids[b, t]) for t in range(num_tokens) if response_mask[b, t]], default=0)
         scored = set()
-        for j in range(item_step.shape[1]):
-            if carries[b, j]:
-                k = int(item_step[b, j])
-                k = 0 if (k < -1 or k > min(last_step, max_steps)) else k
-                if k >= 0:
-                    scored.add(k)
+        for k in step_deltas[b]:
+            scored.update(srar_placed_tokens(k, int(num_steps[b]), step_ids[b], response_mask[b]))
         for t in range(num_tokens):
-            if not (valid[b] and response_mask[b, t]):
-                continue
-            k = int(step_ids[b, t])
-            if not scored or 0 in scored or k in scored:
+            if valid[b] and response_mask[b, t] and (not scored or t in scored):
                 out[b, t] = advantage[b]
     return out

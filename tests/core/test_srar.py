@@ -13,8 +13,8 @@ from tests.core import reference_advantages as ref
 from tests.core.random_batches import random_rollouts
 
 MAX_STEPS = 4
-advantages = jax.jit(srar.srar_advantages, static_argnames=("max_steps", "budgets", "std_ddof", "eps"))
-merged = jax.jit(srar.srar_merged_advantages, static_argnames=("max_steps", "budgets", "std_ddof", "eps"))
+advantages = jax.jit(srar.srar_advantages, static_argnames=("budgets", "std_ddof", "eps"))
+merged = jax.jit(srar.srar_merged_advantages, static_argnames=("budgets", "std_ddof", "eps"))
 
 
 def test_item_type_constants_match_the_reference():
@@ -40,11 +40,11 @@ def hand_case():
     step_ids = np.array([[0, 0, 1, 1, 1, 2, 2, 2], [1, 1, 1, 1, 2, 2, 0, 0], [1, 1, 1, 2, 2, 2, 2, 2]], np.int32)
     response_mask = np.array([[1] * 8, [1] * 6 + [0] * 2, [1] * 8], bool)
     base = np.array([1.0, 0.1, 0.9], np.float32)
-    return base, satisfied, item_type, item_step, step_ids, response_mask
+    return base, satisfied, item_type, item_step, np.array([2, 2, 2]), step_ids, response_mask
 
 
 def test_item_deltas_eq3_hand_computed():
-    base, satisfied, item_type, _, _, _ = hand_case()
+    base, satisfied, item_type, *_ = hand_case()
     delta, carries = srar.srar_item_deltas(satisfied, item_type, np.ones_like(satisfied))
     np.testing.assert_allclose(
         delta, [[0.4, 0.4, 0, 0, 0], [0.4, 0, -1.0, 0, 0], [0, 0.4, 0, 1.0, 0]], rtol=1e-6
@@ -65,24 +65,24 @@ def test_rubric_total_hand_computed():
 
 
 def test_step_rewards_and_normalisation_eq4_hand_computed():
-    _, satisfied, item_type, item_step, step_ids, response_mask = hand_case()
+    _, satisfied, item_type, item_step, *_ = hand_case()
     delta, carries = srar.srar_item_deltas(satisfied, item_type, np.ones_like(satisfied))
-    steps = srar.srar_step_rewards(
-        delta, carries, item_step, srar.response_step_counts(step_ids, response_mask), max_steps=MAX_STEPS
-    )
-    np.testing.assert_allclose(steps.reward_bs[:, :3], [[0, 0.4, 0.4], [0, -0.6, 0], [1.0, 0, 0.4]], rtol=1e-6)
-    np.testing.assert_array_equal(steps.present_bs[:, :3], [[0, 1, 1], [0, 1, 0], [1, 0, 1]])
+    steps = srar.srar_step_rewards(delta, carries, item_step)
+    # one value per (rollout, step), on the rollout's first delta-bearing item of that step
+    np.testing.assert_allclose(steps.value_bk, [[0.4, 0.4, 0, 0, 0], [-0.6, 0, 0, 0, 0], [0, 0.4, 0, 1.0, 0]],
+                               rtol=1e-6)
+    np.testing.assert_array_equal(steps.holds_bk, [[1, 1, 0, 0, 0], [1, 0, 0, 0, 0], [0, 1, 0, 1, 0]])
     normalised = srar.srar_step_normalize(steps, np.zeros(3, np.int32), std_ddof=0, eps=0.0)
-    np.testing.assert_allclose(normalised[:, :3], [[0, 1, 0], [0, -1, 0], [0, 0, 0]], atol=1e-6)
+    np.testing.assert_allclose(normalised.value_bk, [[1, 0, 0, 0, 0], [-1, 0, 0, 0, 0], [0] * 5], atol=1e-6)
     sample = srar.srar_step_normalize(steps, np.zeros(3, np.int32), std_ddof=1, eps=0.0)
-    np.testing.assert_allclose(sample[:2, 1], [1 / np.sqrt(2), -1 / np.sqrt(2)], rtol=1e-6)
+    np.testing.assert_allclose(sample.value_bk[:2, 0], [1 / np.sqrt(2), -1 / np.sqrt(2)], rtol=1e-6)
 
 
 def test_decoupled_advantage_eq6_hand_computed():
-    base, satisfied, item_type, item_step, step_ids, response_mask = hand_case()
+    base, satisfied, item_type, item_step, num_steps, step_ids, response_mask = hand_case()
     out = advantages(
-        base, np.zeros(3, np.int32), satisfied, item_type, np.ones_like(satisfied), item_step, step_ids,
-        response_mask, max_steps=MAX_STEPS, std_ddof=0, eps=0.0,
+        base, np.zeros(3, np.int32), satisfied, item_type, np.ones_like(satisfied), item_step, num_steps, step_ids,
+        response_mask, std_ddof=0, eps=0.0,
     )
     mean = (1.0 + 0.1 + 0.9) / 3
     std = np.sqrt(((1.0 - mean) ** 2 + (0.1 - mean) ** 2 + (0.9 - mean) ** 2) / 3)
@@ -95,30 +95,108 @@ def test_decoupled_advantage_eq6_hand_computed():
     np.testing.assert_allclose(out, expected, rtol=1e-5)
 
 
-def test_token_offsets_eq5_step_zero_reaches_every_response_token():
-    offsets = np.array([[0.5, 1.0, -2.0]], np.float32)  # d_bar for steps 0, 1, 2
-    step_ids = np.array([[0, 1, 1, 2, 3, 0]], np.int32)  # step 3 is beyond max_steps = 2
+def test_token_offsets_eq5_placement_of_each_step():
+    # d_bar of steps 0, 1, 2, -1, 5 and -3 of a 2-step response: 0, 5 (beyond it) and -3 reach every token, 1 and 2
+    # their own tokens, -1 none: 0.5 + 0.25 + 0.125 = 0.875 everywhere, plus 1.0 on step 1 and -2.0 on step 2
+    values = np.array([[0.5, 1.0, -2.0, 8.0, 0.25, 0.125]], np.float32)
+    steps = srar.StepValues(values, np.ones((1, 6), bool), np.array([[0, 1, 2, -1, 5, -3]], np.int32))
+    step_ids = np.array([[0, 1, 1, 2, 3, 0]], np.int32)  # a token of step 3, which the count says is no step
     mask = np.array([[1, 1, 1, 1, 1, 0]], bool)
-    np.testing.assert_allclose(srar.srar_token_offsets(offsets, step_ids, mask), [[0.5, 1.5, 1.5, -1.5, 0.5, 0]])
+    np.testing.assert_allclose(srar.srar_token_offsets(steps, np.array([2]), step_ids, mask),
+                               [[0.875, 1.875, 1.875, -1.125, 0.875, 0]])
 
 
-def test_out_of_range_and_no_step_items():
-    # a 2-step response; items at step 5 (beyond it) and -2 count as step 0; the item at -1 reaches nothing
-    delta = np.array([[0.2, 0.3, 0.5, 0.7]], np.float32)
-    carries = np.ones((1, 4), bool)
-    item_step = np.array([[5, -2, -1, 2]], np.int32)
-    steps = srar.srar_step_rewards(delta, carries, item_step, np.array([2]), max_steps=MAX_STEPS)
-    np.testing.assert_allclose(steps.reward_bs, [[0.5, 0, 0.7, 0, 0]], rtol=1e-6)
-    np.testing.assert_array_equal(steps.present_bs, [[1, 0, 1, 0, 0]])
+def offsets_only(satisfied, item_type, item_step, num_steps, step_ids, response_mask):
+    """The decoupled advantage with equal base rewards (outcome advantage 0), population std, eps 0, and the loop
+    reference's value on the same batch."""
+    num_rows = satisfied.shape[0]
+    args = (np.ones(num_rows, np.float32), np.zeros(num_rows, np.int32), satisfied, item_type,
+            np.ones_like(satisfied), item_step, num_steps, step_ids, response_mask)
+    return (advantages(*args, std_ddof=0, eps=0.0),
+            ref.srar_advantages(*args, np.ones(num_rows, bool), std_ddof=0, eps=0.0))
+
+
+def test_case_a_a_step_the_response_lacks_is_normalised_in_its_own_group_and_placed_on_every_token():
+    """The authors' code: an item at a step k the response does not have (k > its steps, or k < -1) is normalised
+    in G_k with the rollouts that have a delta at k; only its placement falls back to the whole response, where it
+    adds to step 0's own d_bar.
+
+    Rubric [SUG, SUG, BON, PIT]: N_SUG = 2 -> 0.4 per SUGGEST, BON +1.0, PIT -1.0.
+      rollout 0 (2 steps): SUG@3, PIT@0       -> d[3] = 0.4, d[0] = -1.0
+      rollout 1 (3 steps): SUG@3, SUG@3       -> d[3] = 0.8
+      rollout 2 (2 steps): SUG@-2, BON@0      -> d[-2] = 0.4, d[0] = 1.0
+    Eq 4 (population std, eps 0): G_3 = {0, 1}: [0.4, 0.8] -> [-1, +1]; G_0 = {0, 2}: [-1, 1] -> [-1, +1];
+    G_-2 = {2} -> 0. Placement: rollout 0's step 3 is beyond its 2 steps -> every token: -1 (G_3) - 1 (G_0) = -2;
+    rollout 1 has step 3 -> +1 on its step-3 tokens; rollout 2: +1 (G_0) everywhere, its step -2 adds 0.
+    (Moving out-of-range items to step 0, as this code once did, gives G_0 = {-0.6, 1.0} and G_3 = {1}: 0 on
+    rollout 1.)
+    """
+    item_type = np.array([[SUGGEST, SUGGEST, BONUS, PITFALL]] * 3, np.int32)
+    item_step = np.array([[3, 1, 0, 0], [3, 3, 0, 0], [-2, 1, 0, 0]], np.int32)
+    satisfied = np.array([[1, 0, 0, 1], [1, 1, 0, 0], [1, 0, 1, 0]], bool)
+    step_ids = np.array([[0, 1, 1, 2, 2], [1, 2, 3, 3, 3], [1, 1, 2, 2, 0]], np.int32)
+    response_mask = np.array([[1] * 5, [1] * 5, [1] * 4 + [0]], bool)
+    out, reference = offsets_only(satisfied, item_type, item_step, np.array([2, 3, 2]), step_ids, response_mask)
+    expected = [[-2] * 5, [0, 0, 1, 1, 1], [1, 1, 1, 1, 0]]
+    np.testing.assert_allclose(out, expected, atol=1e-6)
+    np.testing.assert_allclose(reference, expected, atol=1e-12)
+
+
+def test_case_b_an_empty_last_step_keeps_its_own_group_and_reaches_no_token():
+    """A `### Step 3:` header whose span holds no token: the response has 3 steps (num_steps from the headers),
+    so an item at step 3 is in range, normalised in G_3, and placed on step 3's tokens: none.
+
+    Rubric [SUG, SUG]: 0.4 each. Rollout 0 (3 steps, tokens of steps 1 and 2 only): SUG@3 -> d[3] = 0.4;
+    rollout 1 (3 steps): SUG@3, SUG@3 -> d[3] = 0.8. G_3 = [0.4, 0.8] -> [-1, +1] (population std, eps 0):
+    rollout 0 gets nothing, rollout 1 +1 on its step-3 tokens. (Counting steps from the tokens, as this code once
+    did, made rollout 0's item out of range: alone in G_0, and rollout 1 alone in G_3: 0 everywhere.)
+    """
+    item_type = np.array([[SUGGEST, SUGGEST]] * 2, np.int32)
+    item_step = np.array([[3, 1], [3, 3]], np.int32)
+    satisfied = np.array([[1, 0], [1, 1]], bool)
+    step_ids = np.array([[1, 1, 2, 2], [1, 2, 3, 3]], np.int32)
+    out, reference = offsets_only(satisfied, item_type, item_step, np.array([3, 3]), step_ids, np.ones((2, 4), bool))
+    expected = [[0, 0, 0, 0], [0, 0, 1, 1]]
+    np.testing.assert_allclose(out, expected, atol=1e-6)
+    np.testing.assert_allclose(reference, expected, atol=1e-12)
+
+
+def test_case_c_a_response_without_headers_is_step_1():
+    """The authors' `parse_steps`: a response with no header is one step, step 1, spanning it (`step_spans`).
+
+    Rubric [SUG, SUG]: 0.4 each. Rollout 0 (no header: 1 step, every token step 1): SUG@1 -> d[1] = 0.4;
+    rollout 1 (2 steps): SUG@1, SUG@1 -> d[1] = 0.8. G_1 = [0.4, 0.8] -> [-1, +1] (population std, eps 0):
+    rollout 0 gets -1 on every token, rollout 1 +1 on its step-1 tokens. (Step 0 on every token and no step, as
+    this code once had it, put rollout 0's item alone in G_0: 0 everywhere.)
+    """
+    item_type = np.array([[SUGGEST, SUGGEST]] * 2, np.int32)
+    item_step = np.array([[1, 2], [1, 1]], np.int32)
+    satisfied = np.array([[1, 0], [1, 1]], bool)
+    step_ids = np.array([[1, 1, 1, 1], [1, 1, 2, 2]], np.int32)
+    out, reference = offsets_only(satisfied, item_type, item_step, np.array([1, 2]), step_ids, np.ones((2, 4), bool))
+    expected = [[-1, -1, -1, -1], [1, 1, 0, 0]]
+    np.testing.assert_allclose(out, expected, atol=1e-6)
+    np.testing.assert_allclose(reference, expected, atol=1e-12)
+
+
+def test_step_minus_one_is_normalised_but_reaches_no_token():
+    delta = np.array([[0.2, 0.3], [0.5, 0.0]], np.float32)
+    carries = np.array([[1, 1], [1, 0]], bool)
+    steps = srar.srar_step_rewards(delta, carries, np.array([[-1, -1], [-1, 2]], np.int32))
+    np.testing.assert_allclose(steps.value_bk, [[0.5, 0], [0.5, 0]], rtol=1e-6)  # two items of one step: one sum
+    normalised = srar.srar_step_normalize(steps, np.zeros(2, np.int32), std_ddof=0, eps=0.0)
+    np.testing.assert_array_equal(normalised.value_bk, 0)  # G_-1 ties
+    offsets = srar.srar_token_offsets(steps, np.array([2, 2]), np.ones((2, 3), np.int32), np.ones((2, 3), bool))
+    np.testing.assert_array_equal(offsets, 0)
 
 
 def test_judge_failure_removes_the_rollout_from_every_step_group():
-    base, satisfied, item_type, item_step, step_ids, response_mask = hand_case()
+    base, satisfied, item_type, item_step, num_steps, step_ids, response_mask = hand_case()
     failed = satisfied.copy()
     failed[0] = False  # the judge failed on rollout 0: every item "not satisfied"
     out = advantages(
-        base, np.zeros(3, np.int32), failed, item_type, np.ones_like(failed), item_step, step_ids, response_mask,
-        max_steps=MAX_STEPS, std_ddof=0, eps=0.0,
+        base, np.zeros(3, np.int32), failed, item_type, np.ones_like(failed), item_step, num_steps, step_ids,
+        response_mask, std_ddof=0, eps=0.0,
     )
     outcome = grpo_advantages(base, np.zeros(3, np.int32), std_ddof=0, eps=0.0)
     # rollout 1 is now alone in G_1 and rollout 2 alone in G_2: no step offsets remain anywhere
@@ -126,10 +204,10 @@ def test_judge_failure_removes_the_rollout_from_every_step_group():
 
 
 def test_merged_ablation_hand_computed():
-    base, satisfied, item_type, item_step, step_ids, response_mask = hand_case()
+    base, satisfied, item_type, item_step, num_steps, step_ids, response_mask = hand_case()
     out = merged(
-        base, np.zeros(3, np.int32), satisfied, item_type, np.ones_like(satisfied), item_step, step_ids,
-        response_mask, max_steps=MAX_STEPS, std_ddof=0, eps=0.0,
+        base, np.zeros(3, np.int32), satisfied, item_type, np.ones_like(satisfied), item_step, num_steps, step_ids,
+        response_mask, std_ddof=0, eps=0.0,
     )
     scalars = np.array([1.0 + 0.8, 0.1 - 0.6, 0.9 + 1.4])
     a = (scalars - scalars.mean()) / scalars.std()
@@ -141,7 +219,29 @@ def test_merged_ablation_hand_computed():
     np.testing.assert_allclose(out, expected, rtol=1e-5)
 
 
+def test_merged_ablation_when_scores_reach_no_token():
+    # rollout 0's only scored step is empty (step 2 of 2 holds no token) and rollout 1's is -1: neither's rubric
+    # score reaches a token of it, so both keep their advantage everywhere; rollout 2's step 5 (beyond its 1 step)
+    # falls back to the whole response
+    satisfied = np.ones((3, 1), bool)
+    item_type = np.full((3, 1), SUGGEST, np.int32)
+    item_step = np.array([[2], [-1], [5]], np.int32)
+    base = np.array([1.0, 0.0, 0.0], np.float32)
+    out = merged(base, np.zeros(3, np.int32), satisfied, item_type, satisfied, item_step, np.array([2, 1, 1]),
+                 np.ones((3, 3), np.int32), np.ones((3, 3), bool), std_ddof=0, eps=0.0)
+    a = np.array([1.0, -0.5, -0.5]) * np.sqrt(2)  # scalars 1.8, 0.8, 0.8: mean 4/3, population std sqrt(2) / 3
+    np.testing.assert_allclose(out, np.repeat(a[:, None], 3, axis=1), rtol=1e-5)
+
+
 # ---------------------------------------------------------------- vectorised JAX vs the NumPy loop reference
+
+
+def with_step_counts(rng, batch):
+    """The batch's arguments with num_steps: each response's last step, or one more (an empty last step)."""
+    last_step = np.max(np.where(batch.response_mask, batch.step_ids, 0), axis=1)
+    num_steps = last_step + rng.integers(0, 2, last_step.shape)
+    return (batch.group_ids, batch.satisfied, batch.item_type, batch.item_mask, batch.item_step, num_steps,
+            batch.step_ids, batch.response_mask, batch.valid)
 
 
 @pytest.mark.parametrize("std_ddof", [0, 1])
@@ -150,16 +250,15 @@ def test_srar_matches_the_loop_reference(seed, std_ddof):
     rng = np.random.default_rng(seed)
     batch = random_rollouts(rng, max_steps=MAX_STEPS)
     base = rng.choice(np.array([0.0, 0.1, 0.9, 1.0], np.float32), batch.rewards.shape[0])
-    args = (base, batch.group_ids, batch.satisfied, batch.item_type, batch.item_mask, batch.item_step,
-            batch.step_ids, batch.response_mask, batch.valid)
+    args = (base, *with_step_counts(rng, batch))
     np.testing.assert_allclose(
-        advantages(*args, max_steps=MAX_STEPS, std_ddof=std_ddof, eps=1e-6),
-        ref.srar_advantages(*args, max_steps=MAX_STEPS, std_ddof=std_ddof),
+        advantages(*args, std_ddof=std_ddof, eps=1e-6),
+        ref.srar_advantages(*args, std_ddof=std_ddof),
         rtol=1e-5, atol=1e-5,
     )
     np.testing.assert_allclose(
-        merged(*args, max_steps=MAX_STEPS, std_ddof=std_ddof, eps=1e-6),
-        ref.srar_merged(*args, max_steps=MAX_STEPS, std_ddof=std_ddof),
+        merged(*args, std_ddof=std_ddof, eps=1e-6),
+        ref.srar_merged(*args, std_ddof=std_ddof),
         rtol=1e-5, atol=1e-5,
     )
 
@@ -168,20 +267,20 @@ def test_custom_budgets_match_the_reference():
     rng = np.random.default_rng(7)
     batch = random_rollouts(rng, max_steps=MAX_STEPS)
     budgets = TypedBudgets(suggest=0.5, pitfall=-2.0, bonus=0.25)
-    args = (batch.rewards, batch.group_ids, batch.satisfied, batch.item_type, batch.item_mask, batch.item_step,
-            batch.step_ids, batch.response_mask, batch.valid)
+    args = (batch.rewards, *with_step_counts(rng, batch))
     np.testing.assert_allclose(
-        advantages(*args, max_steps=MAX_STEPS, budgets=budgets, std_ddof=1, eps=1e-6),
-        ref.srar_advantages(*args, max_steps=MAX_STEPS, budgets=(0.5, -2.0, 0.25)),
+        advantages(*args, budgets=budgets, std_ddof=1, eps=1e-6),
+        ref.srar_advantages(*args, budgets=(0.5, -2.0, 0.25)),
         rtol=1e-5, atol=1e-5,
     )
 
 
 def test_bfloat16_base_rewards():
-    base, satisfied, item_type, item_step, step_ids, response_mask = hand_case()
-    args = (np.zeros(3, np.int32), satisfied, item_type, np.ones_like(satisfied), item_step, step_ids, response_mask)
-    low = advantages(jnp.asarray([1.0, 0.125, 0.875], jnp.bfloat16), *args, max_steps=MAX_STEPS)
-    high = advantages(np.array([1.0, 0.125, 0.875], np.float32), *args, max_steps=MAX_STEPS)
+    base, satisfied, item_type, item_step, num_steps, step_ids, response_mask = hand_case()
+    args = (np.zeros(3, np.int32), satisfied, item_type, np.ones_like(satisfied), item_step, num_steps, step_ids,
+            response_mask)
+    low = advantages(jnp.asarray([1.0, 0.125, 0.875], jnp.bfloat16), *args)
+    high = advantages(np.array([1.0, 0.125, 0.875], np.float32), *args)
     assert low.dtype == jnp.float32
     np.testing.assert_allclose(low, high, rtol=1e-6)
 
@@ -195,38 +294,39 @@ def judged_group(draw, num_rows=8, num_items=6):
     rng = np.random.default_rng(seed)
     batch = random_rollouts(rng, num_rows=num_rows, num_items=num_items, max_steps=MAX_STEPS)
     satisfied = draw(hnp.arrays(bool, (num_rows, num_items)))
-    item_step = draw(hnp.arrays(np.int32, (num_rows, num_items), elements=st.integers(-1, MAX_STEPS)))
+    item_step = draw(hnp.arrays(np.int32, (num_rows, num_items), elements=st.integers(-3, MAX_STEPS + 2)))
     return batch._replace(satisfied=satisfied, item_step=item_step)
 
 
-def normalised_steps(batch, std_ddof, eps):
+def step_groups(batch, std_ddof, eps):
+    """(raw d, normalised d_bar, and for each (group, step value) the [B, K] mask of its valid holders)."""
     delta, carries = srar.srar_item_deltas(batch.satisfied, batch.item_type, batch.item_mask)
-    counts = srar.response_step_counts(batch.step_ids, batch.response_mask)
-    steps = srar.srar_step_rewards(delta, carries, batch.item_step, counts, max_steps=MAX_STEPS)
+    steps = srar.srar_step_rewards(delta, carries, batch.item_step)
     normalised = srar.srar_step_normalize(steps, batch.group_ids, batch.valid, std_ddof=std_ddof, eps=eps)
-    members = np.asarray(steps.present_bs) & batch.valid[:, None]
-    return np.asarray(steps.reward_bs, np.float64), members, np.asarray(normalised, np.float64)
+    holders = np.asarray(steps.holds_bk) & batch.valid[:, None]
+    groups = [(batch.group_ids[:, None] == g) & (batch.item_step == k) & holders
+              for g in np.unique(batch.group_ids) for k in np.unique(batch.item_step)]
+    # every (rollout, step) has exactly one holder
+    for b in range(batch.satisfied.shape[0]):
+        held = batch.item_step[b][np.asarray(steps.holds_bk)[b]].tolist()
+        assert len(set(held)) == len(held) and set(held) == set(batch.item_step[b][np.asarray(carries)[b]].tolist())
+    return np.asarray(steps.value_bk, np.float64), np.asarray(normalised.value_bk, np.float64), holders, groups
 
 
 @given(judged_group())
 def test_prop_20_2_step_signals_are_zero_sum_in_every_step_group(batch):
-    _, members, normalised = normalised_steps(batch, std_ddof=1, eps=1e-6)
-    for g in np.unique(batch.group_ids):
-        rows = batch.group_ids == g
-        for k in range(MAX_STEPS + 1):
-            assert abs(normalised[rows & members[:, k], k].sum()) < 1e-4
-            assert np.all(normalised[rows & ~members[:, k], k] == 0)
+    _, normalised, holders, groups = step_groups(batch, std_ddof=1, eps=1e-6)
+    for members in groups:
+        assert abs(normalised[members].sum()) < 1e-4
+    assert np.all(normalised[~holders] == 0)
 
 
 @given(judged_group())
 def test_prop_20_6_step_signals_have_unit_population_variance(batch):
-    raw, members, normalised = normalised_steps(batch, std_ddof=0, eps=0.0)
-    for g in np.unique(batch.group_ids):
-        rows = batch.group_ids == g
-        for k in range(MAX_STEPS + 1):
-            in_group = rows & members[:, k]
-            if in_group.sum() >= 2 and np.ptp(raw[in_group, k]) > 1e-4:
-                np.testing.assert_allclose(np.mean(normalised[in_group, k] ** 2), 1.0, rtol=1e-4)
+    raw, normalised, _, groups = step_groups(batch, std_ddof=0, eps=0.0)
+    for members in groups:
+        if members.sum() >= 2 and np.ptp(raw[members]) > 1e-4:
+            np.testing.assert_allclose(np.mean(normalised[members] ** 2), 1.0, rtol=1e-4)
 
 
 @given(judged_group(), st.floats(0.05, 3), st.floats(-3, -0.05), st.floats(0.05, 3))
@@ -248,30 +348,34 @@ def test_cor_20_3_outcome_component_is_zero_sum_at_every_token(batch):
 def test_prop_20_7_empty_rubric_reduces_to_grpo(batch, no_items_at_all):
     item_mask = np.zeros_like(batch.item_mask) if no_items_at_all else batch.item_mask
     satisfied = batch.satisfied if no_items_at_all else np.zeros_like(batch.satisfied)
-    out = advantages(
-        batch.rewards, batch.group_ids, satisfied, batch.item_type, item_mask, batch.item_step, batch.step_ids,
-        batch.response_mask, batch.valid, max_steps=MAX_STEPS,
-    )
+    args = with_step_counts(np.random.default_rng(0), batch._replace(satisfied=satisfied, item_mask=item_mask))
+    out = advantages(batch.rewards, *args)
     outcome = grpo_advantages(batch.rewards, batch.group_ids, batch.valid)
     np.testing.assert_array_equal(out, broadcast_to_tokens(outcome, batch.response_mask & batch.valid[:, None]))
 
 
 def test_step_groups_are_per_prompt():
     # the same step in two prompts' rollouts is never normalised together
-    reward_bs = np.array([[0, 1.0], [0, 0.0], [0, 5.0], [0, 5.0]], np.float32)
-    present = np.array([[0, 1], [0, 1], [0, 1], [0, 1]], bool)
-    group_ids = np.array([1, 1, 2, 2], np.int32)
-    out = srar.srar_step_normalize(srar.StepRewards(reward_bs, present), group_ids, std_ddof=0, eps=0.0)
-    np.testing.assert_allclose(out[:, 1], [1, -1, 0, 0], atol=1e-6)
+    steps = srar.StepValues(np.array([[1.0], [0.0], [5.0], [5.0]], np.float32), np.ones((4, 1), bool),
+                            np.full((4, 1), 2, np.int32))
+    out = srar.srar_step_normalize(steps, np.array([1, 1, 2, 2], np.int32), std_ddof=0, eps=0.0)
+    np.testing.assert_allclose(out.value_bk[:, 0], [1, -1, 0, 0], atol=1e-6)
+
+
+def test_empty_rubric_width():
+    # K = 0: no items at all, the advantage is the outcome advantage
+    base = np.array([1.0, 0.0], np.float32)
+    empty = np.zeros((2, 0))
+    out = advantages(base, np.zeros(2, np.int32), empty.astype(bool), empty.astype(np.int32), empty.astype(bool),
+                     empty.astype(np.int32), np.array([1, 1]), np.ones((2, 2), np.int32), np.ones((2, 2), bool))
+    np.testing.assert_allclose(out, [[1 / np.sqrt(2)] * 2, [-1 / np.sqrt(2)] * 2], rtol=1e-5)
 
 
 def test_srar_advantages_vmap_over_independent_batches():
     rng = np.random.default_rng(3)
     batches = [random_rollouts(rng, max_steps=MAX_STEPS) for _ in range(3)]
-    fields = ("rewards", "group_ids", "satisfied", "item_type", "item_mask", "item_step", "step_ids",
-              "response_mask", "valid")
-    stacked = [np.stack([getattr(b, f) for b in batches]) for f in fields]
-    vmapped = jax.vmap(lambda *a: srar.srar_advantages(*a, max_steps=MAX_STEPS))(*stacked)
-    for i, batch in enumerate(batches):
-        single = advantages(*(getattr(batch, f) for f in fields), max_steps=MAX_STEPS)
-        np.testing.assert_allclose(vmapped[i], single, rtol=1e-6, atol=1e-7)
+    singles = [(b.rewards, *with_step_counts(rng, b)) for b in batches]
+    stacked = [np.stack(column) for column in zip(*singles)]
+    vmapped = jax.vmap(srar.srar_advantages)(*stacked)
+    for i, args in enumerate(singles):
+        np.testing.assert_allclose(vmapped[i], advantages(*args), rtol=1e-6, atol=1e-7)

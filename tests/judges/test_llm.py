@@ -71,14 +71,14 @@ def make_judge():
 def test_srar_judge_verdicts_and_request_shape(server, make_judge):
     answers = {
         "ALPHA": srar_answer([(True, 1), (False, 2), (True, 0)]),
-        "BETA": srar_answer([(False, -1), (True, 2), (False, 9)]),  # step 9 > num_steps reads as 0
+        "BETA": srar_answer([(False, -1), (True, 2), (False, 9)]),  # step 9, beyond the response, is kept
     }
     server.responder = lambda messages: next(a for key, a in answers.items() if key in user_text(messages))
     judge = make_judge(server, RolloutLLMJudge, srar_format())
     verdicts = judge.judge([srar_request("### Step 1: ALPHA \\boxed{7}"), srar_request("BETA")], max_items=4)
 
     np.testing.assert_array_equal(verdicts.satisfied_bk, [[1, 0, 1, 0], [0, 1, 0, 0]])
-    np.testing.assert_array_equal(verdicts.item_step_bk, [[1, 2, 0, -1], [-1, 2, 0, -1]])
+    np.testing.assert_array_equal(verdicts.item_step_bk, [[1, 2, 0, -1], [-1, 2, 9, -1]])
     assert not verdicts.failed_b.any() and judge.failures.failed == 0 and judge.failures.parsed == 2
 
     body = server.chat_requests[0]

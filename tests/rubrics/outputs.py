@@ -140,17 +140,17 @@ def _append(values: list, items: list, *reasons: str) -> frozenset:
 
 @st.composite
 def srar_judge_cases(draw) -> Case:
-    k, num_steps = draw(st.integers(0, 6)), draw(st.integers(0, 5))
+    k = draw(st.integers(0, 6))
     order = draw(st.permutations(range(k)))
     satisfied = draw(st.lists(st.booleans(), min_size=k, max_size=k))
-    steps = draw(st.lists(st.integers(-3, num_steps + 3), min_size=k, max_size=k))
+    steps = draw(st.lists(st.integers(-3, 8) | st.sampled_from([-(2**31), 2**31 - 1]), min_size=k, max_size=k))
     entries = [
         {"id": i + 1, "satisfied": draw(st.sampled_from([satisfied[i], int(satisfied[i])])), "step": steps[i]}
         for i in order
     ]
     expected = {
         "satisfied_k": np.array(satisfied, np.float32).reshape(k),
-        "step_k": np.array([s if -1 <= s <= num_steps else 0 for s in steps], np.int32).reshape(k),
+        "step_k": np.array(steps, np.int32).reshape(k),  # as written, in range of the response or not
     }
     defects = {}
     if k:
@@ -163,6 +163,7 @@ def srar_judge_cases(draw) -> Case:
             id_huge=lambda e: _put(e[i], "id", draw(HUGE_INT), "out_of_bounds"),
             not_a_bool=lambda e: _put(e[i], "satisfied", draw(NOT_A_BOOL), "schema"),
             step_fraction=lambda e: _put(e[i], "step", 1.5, "not_integer"),
+            step_int32=lambda e: _put(e[i], "step", draw(st.sampled_from([2**31, -(2**31) - 1])), "out_of_bounds"),
             step_type=lambda e: _put(e[i], "step", draw(NOT_A_NUMBER), "schema"),
             non_finite=lambda e: _put(e[i], field, draw(NON_FINITE), "non_finite"),
             missing=lambda e: _pop(e[i], field, "schema"),
@@ -172,7 +173,7 @@ def srar_judge_cases(draw) -> Case:
         defects["duplicate_id"] = lambda e: _put(e[1], "id", e[0]["id"], "bad_id")
     defects["extra"] = lambda e: _append(e, [{"id": k + 1, "satisfied": True, "step": 0}], "wrong_length")
     name, apply = _defect(draw, defects)
-    kwargs = {"num_items": k, "num_steps": num_steps}
+    kwargs = {"num_items": k}
     if name is None:
         return draw(json_case(entries, kwargs, True, expected=expected))
     return draw(json_case(entries, kwargs, False, apply(entries)))

@@ -15,14 +15,14 @@ from tests.rubrics import outputs
 from tests.rubrics.paper_outputs import EVORUBRIC_TABLE_9, RLCER_FIGURE_11, SRAR_EXAMPLE_1_RUBRIC
 
 MEDICAL = META_VERIFIER_CATEGORIES["medical"]
-K, STEPS, MAX_ITEMS = 3, 4, 6
+K, MAX_ITEMS = 3, 6
 WEIGHTS = (1.0, 2.5, 0.0)
 
 # Every parser with fixed caller arguments, the shapes / dtypes / bounds of its values, and its failure fill.
 ARRAY_PARSERS = {
     "srar_judge": (
-        lambda t: parsing.parse_srar_judge(t, num_items=K, num_steps=STEPS),
-        {"satisfied_k": ((K,), np.float32, 0, 1), "step_k": ((K,), np.int32, -1, STEPS)},
+        lambda t: parsing.parse_srar_judge(t, num_items=K),
+        {"satisfied_k": ((K,), np.float32, 0, 1), "step_k": ((K,), np.int32, -(2**31), 2**31 - 1)},
         {"satisfied_k": np.zeros(K), "step_k": np.full(K, -1)},
     ),
     "rlcer_verifier": (
@@ -180,10 +180,11 @@ def test_srar_judge_output_with_step_attribution():
   {"id": 4, "satisfied": 1, "step": 7}
 ]
 ```"""
-    result = parsing.parse_srar_judge(text, num_items=4, num_steps=3)
+    result = parsing.parse_srar_judge(text, num_items=4)
     assert result.ok
-    assert _values(result) == {"satisfied_k": [1, 0, 1, 1], "step_k": [2, -1, 0, 0]}  # step 7 > 3 steps -> 0
-    short = parsing.parse_srar_judge(text, num_items=5, num_steps=3)
+    # step 7, whether or not the response has it, is kept: the authors' code normalises it in its own step group
+    assert _values(result) == {"satisfied_k": [1, 0, 1, 1], "step_k": [2, -1, 0, 7]}
+    short = parsing.parse_srar_judge(text, num_items=5)
     assert (short.reason, _values(short)) == ("wrong_length", {"satisfied_k": [0] * 5, "step_k": [-1] * 5})
 
 
@@ -437,7 +438,7 @@ def _check_case(case, parse, kind):
         _, spec, fill = ARRAY_PARSERS[kind]
         if kind in ("srar_judge", "rlcer_verifier", "grounded"):  # shapes follow the case's own arguments
             k = len(case.kwargs["weights"]) if kind == "grounded" else case.kwargs["num_items"]
-            high = {"step_k": case.kwargs.get("num_steps"), "awarded_k": np.array(case.kwargs.get("weights", []))}
+            high = {"awarded_k": np.array(case.kwargs.get("weights", []))}
             spec = {name: ((k,), dtype, low, high.get(name, hi)) for name, (_s, dtype, low, hi) in spec.items()}
             fill = {name: np.full(k, -1 if name == "step_k" else 0) for name in spec}
         check_array_result(result, spec, fill)

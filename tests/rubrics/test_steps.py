@@ -21,6 +21,7 @@ from rubric_jax.rubrics.steps import (
     response_text,
     split_steps,
     step_ids_from_offsets,
+    step_spans,
     token_char_offsets,
 )
 from tests.tiny_checkpoints import IM_END_ID, IM_START_ID, PAD_ID
@@ -39,7 +40,7 @@ def tokenizer(tiny_qwen3_dir):
 def reference_char_steps(text: str) -> list[int]:
     """The step of every character position 0..len(text), by one loop over the characters: a fence state per
     line, and at each position outside a fence, whether a header starts there (and does not overlap the previous
-    header). Position len(text) holds the step in force at the end."""
+    header). Position len(text) holds the step in force at the end. A text without a header is all step 1."""
     in_fence = [False] * (len(text) + 1)
     fence = None  # (character, length) of the open fence
     position = 0
@@ -66,7 +67,7 @@ def reference_char_steps(text: str) -> list[int]:
         if match and not in_fence[i] and i >= header_end:
             current, header_end = min(int(match.group(1)), MAX_STEP_NUMBER), match.end()
         steps.append(current)
-    return steps
+    return steps if header_end else [1] * (len(text) + 1)
 
 
 def _byte_level_decoder() -> dict[str, int]:
@@ -125,11 +126,25 @@ def byte_split(tokenizer, ids: list[int], split: list[bool]) -> list[int]:
 # ------------------------------------------------------------------ split_steps, hand-computed
 
 
-def test_no_header_gives_no_step_and_every_token_zero(tokenizer):
+def test_no_header_is_one_step_spanning_the_whole_text(tokenizer):
+    # the authors' parse_steps: [(0, len(response))], so the judge's step 1 is the whole response
     text = "Add the numbers. The answer is 42. 中文 😀"
     assert split_steps(text) == []
+    assert step_spans(text) == [StepSpan(1, 0, 0, len(text))]
     ids = tokenizer.encode(text, add_special_tokens=False) + [IM_END_ID]
-    assert response_step_ids(tokenizer, ids).tolist() == [0] * len(ids)
+    assert response_step_ids(tokenizer, ids).tolist() == [1] * len(ids)
+    assert step_spans("") == [StepSpan(1, 0, 0, 0)]
+    assert response_step_ids(tokenizer, [IM_END_ID]).tolist() == [1]  # an empty response: its EOS is in step 1
+
+
+def test_the_step_count_comes_from_the_headers_and_keeps_a_step_without_tokens():
+    # "### Step 2:" lies inside one token that starts in step 1, so step 2 holds no token's first character;
+    # the response still has 2 steps (the authors' len(spans)), and the core keeps step 2 as a step of its own
+    text = "### Step 1: a### Step 2:"
+    spans = step_spans(text)
+    assert [(s.number, s.header_start, s.end) for s in spans] == [(1, 0, 13), (2, 13, 24)]
+    offsets_t2 = np.array([[0, 11], [11, 24]])  # the second token runs from " a" through the whole second header
+    assert step_ids_from_offsets(spans, offsets_t2, len(text)).tolist() == [1, 1]
 
 
 def test_spans_run_from_each_header_to_the_next_and_text_before_is_in_none():
@@ -341,9 +356,9 @@ def test_random_texts_match_the_reference(tokenizer, text, data):
     assert step_ids.dtype == np.int32 and step_ids.shape == (len(response),)
     assert step_ids.tolist() == [char_steps[c] for c in first_chars]
     assert (step_ids >= 0).all()
-    # tokens before the first header are 0; a text without headers is all 0
+    # tokens before the first header are 0; a text without headers is all step 1
     spans = split_steps(text)
     if spans:
         assert all(step_ids[t] == 0 for t, c in enumerate(first_chars) if c < spans[0].header_start)
     else:
-        assert not step_ids.any()
+        assert (step_ids == 1).all()
