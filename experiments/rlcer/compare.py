@@ -13,8 +13,10 @@ arithmetic_rubrics, the world's programmatic verifier), one RL run per variant:
   rlcer_rubric_only        RQ1's "Rubric Only": the reasoner rewarded by the CoT reward alone
   rlcer_wo_evolving        RQ3's "w/o evolving" (section 5.4): the rubricator rewarded for its format only
   rlcer_frozen_rubricator  the rubricator not trained at all (its rows left out of the update)
+  rlcer_penalty_as_written eq 7 as written: a penalty rubric valid when its flaw comes with right answers (the
+                           recipe's default validates it by the absence of its flaw, docs/fidelity/rlcer.md)
 
-Table: held-out accuracy (avg@k) and pass@k, and over the last fifth of training corr(v_k, z), the valid
+Table: held-out accuracy (avg@k) and pass@k, and over the last fifth of training corr(u_k, z), the valid
 fraction, the CoT reward, the rubricator's format rate and the training accuracy; then RQ4: held-out accuracy and
 pass@k of every final policy and the cold start without and with its own rubric as an in-prompt hint
 (`rubric_jax.algorithms.rlcer_eval.hint_evaluation`: the policy answers, its rubricator writes a rubric for that
@@ -53,6 +55,7 @@ def variants(base: RLConfig) -> list[Variant]:
         Variant("rlcer_rubric_only", rlcer(reasoner_reward="cot_only")),
         Variant("rlcer_wo_evolving", rlcer(rubricator_training="format_only")),
         Variant("rlcer_frozen_rubricator", rlcer(rubricator_training="frozen")),
+        Variant("rlcer_penalty_as_written", rlcer(penalty_validity="as_written")),
     ]
 
 

@@ -1,5 +1,5 @@
 """experiments/rlcer/compare.py in smoke mode: the cold start, every variant (RLCER, outcome-only GRPO, Rubric
-Only, w/o evolving, a frozen rubricator) trained and evaluated, the in-prompt hint evaluation of every final
+Only, w/o evolving, a frozen rubricator, eq 7's literal penalty validity) trained and evaluated, the in-prompt hint evaluation of every final
 policy, and a sane table, results.json and plots."""
 
 import math
@@ -7,7 +7,8 @@ import math
 from experiments.rlcer.compare import RLCER_KEYS, main
 from tests.experiments import run_smoke
 
-VARIANTS = ["rlcer", "grpo", "rlcer_rubric_only", "rlcer_wo_evolving", "rlcer_frozen_rubricator"]
+VARIANTS = ["rlcer", "grpo", "rlcer_rubric_only", "rlcer_wo_evolving", "rlcer_frozen_rubricator",
+            "rlcer_penalty_as_written"]
 HINT_KEYS = {"eval/no_hint_accuracy", "eval/no_hint_pass@1", "eval/hint_accuracy", "eval/hint_pass@1",
              "eval/hint_rubric_format_rate"}
 
