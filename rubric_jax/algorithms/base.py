@@ -131,6 +131,8 @@ class PolicyLossConfig:
       - "vespo": VESPO's detached gamma weight of the sequence ratio, -sg(phi(w)) A logp, with (vespo_k_pos,
         vespo_lambda_pos) where A >= 0 and (vespo_k_neg, vespo_lambda_neg) where A < 0 (`vespo_loss`; TRL's
         defaults 2, 3, 3, 2).
+      - "gpg": the plain policy gradient -A logp, no ratio, no clip (`policy_gradient_loss`; GPG's loss, verl's
+        "gpg"); PPO's gradient on fresh rollouts, and still the on-policy one on later updates of a batch.
     - TRL's `loss_type` as (loss, aggregation): "grpo" (ppo, seq_mean_token_mean); "dapo" (ppo, token_mean);
       "bnpo" (ppo, token_mean: TRL normalises by the tokens of each local micro-batch, here by the whole batch's,
       exactly accumulated; equal with one micro-batch); "dr_grpo" (ppo, token_sum_norm, norm_constant = the
@@ -154,7 +156,7 @@ class PolicyLossConfig:
       (token_sum_norm: verl's loss_scale_factor / ppo_micro_batch_size_per_gpu reproduces a verl update).
     """
 
-    loss: Literal["ppo", "dual_clip", "gspo", "gmpo", "sapo", "clip_cov", "kl_cov", "cispo", "vespo"] = "ppo"
+    loss: Literal["ppo", "dual_clip", "gspo", "gmpo", "sapo", "clip_cov", "kl_cov", "cispo", "vespo", "gpg"] = "ppo"
     eps_low: float = 0.2
     eps_high: float = 0.2
     clip_ratio_c: float = 3.0
@@ -243,9 +245,16 @@ def _clip_cov_loss(config: PolicyLossConfig) -> train_step.TokenLossFn:
     return loss_fn
 
 
+def _policy_gradient_loss(logp_bt, old_logp_bt, advantages_bt, mask_bt):
+    del old_logp_bt  # no ratio: the loss of `train_step.ratio_loss`'s shape that ignores pi_old
+    return losses.policy_gradient_loss(logp_bt, advantages_bt, mask_bt), ()
+
+
 def _ratio_loss(config: PolicyLossConfig) -> train_step.TokenLossFn:
     if config.loss == "clip_cov":
         return _clip_cov_loss(config)
+    if config.loss == "gpg":
+        return train_step.ratio_loss(_policy_gradient_loss)
     core_loss, settings = {
         "ppo": (losses.ppo_clip_loss, dict(eps_low=config.eps_low, eps_high=config.eps_high)),
         "dual_clip": (losses.dual_clip_ppo_loss, dict(eps_low=config.eps_low, eps_high=config.eps_high,

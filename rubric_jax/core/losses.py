@@ -718,3 +718,15 @@ def high_entropy_mask(entropy_bt: jax.Array, mask_bt: jax.Array, *, top_fraction
     descending = -jnp.sort(jnp.where(mask_bt, -entropy_bt, jnp.inf).ravel())
     threshold = descending[jnp.clip(k - 1, 0, entropy_bt.size - 1)]
     return mask_bt & (entropy_bt >= threshold) & (count > 0)
+
+
+def policy_gradient_loss(logp_bt: jax.Array, advantages_bt: jax.Array, mask_bt: jax.Array) -> jax.Array:
+    """The plain policy-gradient surrogate -A logp (REINFORCE, Williams 1992): GPG's policy loss (Chu et al. 2025,
+    "GPG: A Simple and Strong Reinforcement Learning Baseline for Model Reasoning"; verl's "gpg"). No ratio and no
+    clip: its gradient -A grad(logp) is PPO's at r = 1, and stays the on-policy gradient on later updates of the
+    same batch, with no importance correction. The value is a surrogate; only its gradient is meaningful.
+    Returns loss_bt, 0 on masked tokens.
+    """
+    _check_tokens(logp_bt, advantages_bt, mask_bt)
+    mask_bt = mask_bt.astype(bool)
+    return jnp.where(mask_bt, -_masked(mask_bt, advantages_bt) * _masked(mask_bt, logp_bt), 0)

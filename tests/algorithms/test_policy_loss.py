@@ -83,6 +83,8 @@ def reference(config: PolicyLossConfig, r: ref.PolicyBatch):
     elif config.loss == "vespo":
         policy, _ = ref.vespo(r.logp, r.old_logp, r.advantages, r.mask, config.vespo_k_pos, config.vespo_lambda_pos,
                               config.vespo_k_neg, config.vespo_lambda_neg)
+    elif config.loss == "gpg":
+        policy = ref.policy_gradient(r.logp, r.advantages, r.mask)
     else:
         policy = ref.ppo_clip(r.logp, r.old_logp, r.advantages, r.mask, *eps)
     selected = np.where(r.mask, 1.0, 0.0)
@@ -103,7 +105,7 @@ def reference(config: PolicyLossConfig, r: ref.PolicyBatch):
     grad = policy.grad * factor + config.kl_coef * kl_grad
     scale = np.abs(policy.loss * factor) + np.abs(config.kl_coef * kl_value)
     grad_scale = np.abs(policy.grad * factor) + np.abs(config.kl_coef * kl_grad)
-    clipped = None if config.loss in ("sapo", "kl_cov", "vespo") else policy.clipped
+    clipped = None if config.loss in ("sapo", "kl_cov", "vespo", "gpg") else policy.clipped
     return loss, grad, clipped, weights, (scale, grad_scale)
 
 
@@ -157,6 +159,8 @@ OPTIONS += [
     PolicyLossConfig(loss="vespo", vespo_k_pos=1.0, vespo_lambda_pos=0.5, rollout_correction="tis"),
     PolicyLossConfig(loss="gspo", aggregation="seq_mean_token_sum", gspo_eps_low=0.2, gspo_eps_high=0.28),
     PolicyLossConfig(kl_coef=0.1, kl_estimator="abs"),
+    PolicyLossConfig(loss="gpg"),
+    PolicyLossConfig(loss="gpg", token_selection="high_entropy", rollout_correction="tis", kl_coef=0.1),
     PolicyLossConfig(token_selection="high_entropy"),
     PolicyLossConfig(loss="dual_clip", token_selection="high_entropy", entropy_top_fraction=0.5,
                      rollout_correction="icepop", is_low=0.8, is_high=1.25, kl_coef=0.1),

@@ -479,3 +479,14 @@ def kl_abs(logp, ref_logp, mask, input_clamp=20.0, output_clamp=10.0) -> tuple[n
                 value[b, t] = min(abs(delta), output_clamp)
                 grad[b, t] = -float(np.sign(delta)) if live and abs(delta) < output_clamp else 0.0
     return value, grad
+
+
+def policy_gradient(logp, advantages, mask) -> RefLoss:
+    """GPG / REINFORCE: loss -A logp, d/dlogp = -A; no ratio (0) and no clip."""
+    out = _empty(logp.shape)
+    for b in range(logp.shape[0]):
+        for t in range(logp.shape[1]):
+            if mask[b, t]:
+                out.loss[b, t] = -float(advantages[b, t]) * float(logp[b, t])
+                out.grad[b, t] = -float(advantages[b, t])
+    return out

@@ -905,3 +905,25 @@ def test_clip_cov_detaches_a_uniformly_random_subset_of_the_candidates():
     assert counts[1] == counts[3] == 0
     assert 160 <= counts[0] <= 240  # Binomial(400, 1/2): mean 200, std 10
     np.testing.assert_array_equal(loss_fn(jax.random.split(KEY, 400)), detached)
+
+
+policy_gradient = jax.jit(jax.value_and_grad(lambda lp, a, m: jnp.sum(losses.policy_gradient_loss(lp, a, m))))
+
+
+def test_policy_gradient_hand_computed():
+    # loss -A logp: A = 2, logp = -0.5 -> 1; A = -1, logp = -3 -> -3; gradient -A; the masked NaN gives 0
+    logp, advantages = tokens(-0.5, -3.0, jnp.nan), tokens(2.0, -1.0, 5.0)
+    mask = jnp.asarray([[True, True, False]])
+    np.testing.assert_allclose(losses.policy_gradient_loss(logp, advantages, mask), [[1.0, -3.0, 0.0]])
+    np.testing.assert_array_equal(policy_gradient(logp, advantages, mask)[1], [[-2.0, 1.0, 0.0]])
+
+
+@DTYPES
+def test_policy_gradient_matches_reference_and_is_ppo_on_policy(dtype):
+    for seed in SEEDS:
+        x, r = draw(seed, dtype)
+        expected = ref.policy_gradient(r.logp, r.advantages, r.mask)
+        assert_values(losses.policy_gradient_loss(x.logp, x.advantages, x.mask), expected.loss)
+        grad = policy_gradient(x.logp, x.advantages, x.mask)[1]
+        assert_grads(grad, expected.grad, dtype)
+        assert_grads(ppo(x.logp, x.logp, x.advantages, x.mask)[2], expected.grad, dtype)
