@@ -455,8 +455,8 @@ class SequenceWeightInfo(NamedTuple):
 
 def _floor_fraction(fraction: float, count: jax.Array) -> jax.Array:
     """floor(fraction * count) as int32, computed as floor(count / (1 / fraction)) in float32: exact where the
-    product is an integer and 1 / fraction is one (2e-4 -> 5000, 0.2 -> 5), as the float64 int() of verl and
-    TRL gives there; float32 count * fraction would give 1.9999999 for 2e-4 * 10000. fraction 0 gives 0."""
+    product is an integer and 1 / fraction is one (2e-4 -> 5000, 0.2 -> 5), as verl's float64 int(ratio * n)
+    is there; float32 count * fraction would give 1.9999999 for 2e-4 * 10000. fraction 0 gives 0."""
     if fraction == 0:
         return jnp.zeros_like(count, jnp.int32)
     return jnp.floor(count.astype(jnp.float32) / jnp.float32(1 / fraction)).astype(jnp.int32)
