@@ -11,6 +11,8 @@ optimizer, policy loss (the authors' dual-clip PPO, 0.2 / 0.28, c = 10) and held
   srar_no_step_norm  ablation "w/o step norm.": the raw per-step rubric rewards on the tokens
   srar_merged        ablation "w/o decoupled adv.": one RaR-style scalar r_base + rubric, normalised, on scored steps
   srar_suggest_only  ablation (Table 9): PITFALL and BONUS items removed from the rubric
+  rar_typed          RaR as the authors ran it (`compute_rar_advantage`): GRPO of r_base + the sum of the same
+                     typed deltas, on every response token (srar advantage "rar")
   rar                RaR: the response-level weighted fraction of the same rubric (a PITFALL item met when
                      avoided, `core.rewards.typed_item_credit`) with GRPO advantages
   grpo               outcome-only GRPO: reward 1 for a correct answer
@@ -50,6 +52,7 @@ def variants(base: RLConfig) -> list[Variant]:
         Variant("srar_no_step_norm", run("srar", {**params, "step_normalization": False})),
         Variant("srar_merged", run("srar", {**params, "advantage": "merged"})),
         Variant("srar_suggest_only", run("srar", {**params, "rubric": "suggest_only"})),
+        Variant("rar_typed", run("srar", {**params, "advantage": "rar"})),
         Variant("rar", run("rar", {**shared, "max_items": params["max_items"]})),
         Variant("grpo", run("grpo", shared)),
     ]

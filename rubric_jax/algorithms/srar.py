@@ -33,6 +33,9 @@ The paper's ablations (Appendix 17 and 18), each switching exactly one thing:
   (core.srar.srar_merged_advantages).
 - rubric="suggest_only" (Table 9): PITFALL and BONUS items are removed from every rubric before judging
   (SUGGEST and ANSWER items stay, so N_SUG and the SUGGEST deltas are unchanged).
+And the paper's RaR baseline (Tables 1 and 9) as the authors ran it (`recipe/SRaR/srar_advantage.py:
+compute_rar_advantage` with `RaRRewardManager`): advantage="rar", the GRPO advantage of r_base + the sum of the
+rollout's eq 3 deltas on every response token (the same judge, rubric and steps; the steps play no part).
 
 Conventions:
 - Std: sample std (std_ddof 1), the authors' code; the paper's equations write the population std (std_ddof 0).
@@ -89,8 +92,9 @@ _BLANK_LINE = re.compile(r"\n[ \t]*\n")
 @dataclasses.dataclass(frozen=True)
 class SRaRConfig:
     """max_items: rubric width K (the longest rubric must fit). format_weight: lambda of r_base (0.1 in the
-    paper). budgets: R_SUG, R_PIT, R_BON (0.8, -1.0, 1.0). Steps are not capped (`core.srar`). prompt: "task" (the task's own prompt, already in step format for arithmetic) or "step_format" (Appendix
-    7.3 around the task's question). advantage / step_normalization / rubric: the ablations (module
+    paper). budgets: R_SUG, R_PIT, R_BON (0.8, -1.0, 1.0). Steps are not capped (`core.srar`). prompt: "task"
+    (the task's own prompt, already in step format for arithmetic) or "step_format" (Appendix 7.3 around the
+    task's question). advantage / step_normalization / rubric: the ablations and the RaR baseline (module
     docstring). dynamic_sampling: drop the groups of uniform accuracy (module docstring, line 20). on_judge_failure:
     "zero_reward" or "exclude". std_ddof / eps: of both normalisations."""
 
@@ -100,7 +104,7 @@ class SRaRConfig:
     format_weight: float = 0.1
     budgets: TypedBudgets = TypedBudgets()
     prompt: Literal["task", "step_format"] = "task"
-    advantage: Literal["decoupled", "merged"] = "decoupled"
+    advantage: Literal["decoupled", "merged", "rar"] = "decoupled"
     step_normalization: bool = True
     rubric: Literal["full", "suggest_only"] = "full"
     dynamic_sampling: bool = False
@@ -116,9 +120,10 @@ class SRaRConfig:
         for name in ("suggest", "pitfall", "bonus"):
             if not math.isfinite(getattr(self.budgets, name)):
                 raise ValueError(f"budgets.{name} must be finite, got {getattr(self.budgets, name)}")
-        if self.advantage == "merged" and not self.step_normalization:
-            raise ValueError("step_normalization=False ablates the decoupled advantage's step offsets; the merged "
-                             "advantage has none (it GRPO-normalises one scalar), so it needs step_normalization=True")
+        if self.advantage != "decoupled" and not self.step_normalization:
+            raise ValueError("step_normalization=False ablates the decoupled advantage's step offsets; the "
+                             f"{self.advantage} advantage has none (it GRPO-normalises one scalar), so it needs "
+                             "step_normalization=True")
         if self.std_ddof not in (0, 1):
             raise ValueError(f"std_ddof must be 0 or 1, got {self.std_ddof}")
         if not self.eps >= 0:
@@ -210,6 +215,27 @@ def merged_advantages(
         jnp.asarray(items.item_kind_bk), jnp.asarray(items.item_mask_bk), jnp.asarray(verdicts.item_step_bk),
         jnp.asarray(num_steps_b), jnp.asarray(step_ids_bt), jnp.asarray(response_mask_bt), jnp.asarray(valid_b),
         budgets=config.budgets, std_ddof=config.std_ddof, eps=config.eps), np.float32)
+
+
+def rar_advantages(
+    config: SRaRConfig,
+    base_b: np.ndarray,
+    group_ids: np.ndarray,
+    verdicts: Verdicts,
+    items: RubricArrays,
+    response_mask_bt: np.ndarray,
+    valid_b: np.ndarray,
+) -> np.ndarray:
+    """The authors' RaR baseline (`compute_rar_advantage`): GRPO of r_base + `core.srar.srar_rubric_total` on every
+    response token of the valid rollouts, [B, T]."""
+    total_b = jnp.asarray(base_b, jnp.float32) + srar.srar_rubric_total(
+        jnp.asarray(verdicts.satisfied_bk), jnp.asarray(items.item_kind_bk), jnp.asarray(items.item_mask_bk),
+        config.budgets)
+    valid = jnp.asarray(valid_b)
+    advantage_b = advantages.grpo_advantages(total_b, jnp.asarray(group_ids), valid, std_ddof=config.std_ddof,
+                                             eps=config.eps)
+    return np.asarray(advantages.broadcast_to_tokens(advantage_b, jnp.asarray(response_mask_bt) & valid[:, None]),
+                      np.float32)
 
 
 # ---------------------------------------------------------------- analysis metrics (training and eval)
@@ -393,6 +419,9 @@ class SRaR(base.Algorithm):
                   batch["response_mask_bt"], valid_b)
         if config.advantage == "merged":
             batch["advantages_bt"] = merged_advantages(*inputs)
+        elif config.advantage == "rar":
+            batch["advantages_bt"] = rar_advantages(
+                config, base_b, rollouts.group_ids, verdicts, items, batch["response_mask_bt"], valid_b)
         else:
             batch["advantages_bt"], offsets_bt = decoupled_advantages(*inputs)
             metrics.update(base.summary_stats("srar/rubric_offset", offsets_bt, batch["response_mask_bt"]))

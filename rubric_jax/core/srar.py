@@ -3,7 +3,7 @@
 Arrays for one batch of B rollouts answering prompts with K rubric items each:
 - `satisfied_bk` [B, K] judge verdicts s_j (bool), `item_type_bk` [B, K] (SUGGEST / PITFALL / BONUS / ANSWER from
   `rubric_jax.core.rewards`), `item_mask_bk` [B, K] (the items that exist), `item_step_bk` [B, K] k_j, the step
-  the judge attributed item j to, any int32: k >= 1 the k-th `### Step k:` step, 0 the whole response, -1 no step.
+  the judge attributed item j to, any int32: k >= 1 the step headed `### Step k:`, 0 the whole response, -1 none.
 - `num_steps_b` [B] the number of steps each response has, counted from its parsed headers (the authors'
   `len(parse_steps(response))`, `rubrics.steps.step_spans`): a header whose span holds no token still counts,
   and a response without a header is one step, step 1.

@@ -187,7 +187,7 @@ def reference_advantages(config, base_b, group_ids, verdicts, rubrics, num_steps
     d = reference_step_rewards(verdicts.satisfied_bk, items.item_kind_bk, items.item_mask_bk, verdicts.item_step_bk)
     num_rows, length = response_mask.shape
     advantages = np.zeros((num_rows, length))
-    if config.advantage == "merged":
+    if config.advantage in ("merged", "rar"):
         totals = []
         for b in range(num_rows):
             total = 0.0
@@ -199,6 +199,9 @@ def reference_advantages(config, base_b, group_ids, verdicts, rubrics, num_steps
             totals.append(base_b[b] + total)
         outcome = grpo_reference(np.array(totals), group_ids, valid)
         for b in range(num_rows):
+            if config.advantage == "rar":  # the authors' RaR: every response token
+                advantages[b] = np.where(response_mask[b] & valid[b], outcome[b], 0.0)
+                continue
             scored = [t for t in range(length) if response_mask[b, t]
                       and any(placed(step, num_steps[b], int(step_ids[b, t])) for step in d[b])]
             for t in range(length):
@@ -313,6 +316,7 @@ def test_srar_is_registered_and_its_config_validates():
     (dict(max_items=0), "max_items"),
     (dict(format_weight=1.5), "format_weight"),
     (dict(advantage="merged", step_normalization=False), "step_normalization"),
+    (dict(advantage="rar", step_normalization=False), "step_normalization"),
     (dict(std_ddof=2), "std_ddof"),
     (dict(eps=-1.0), "eps"),
 ])
@@ -371,9 +375,9 @@ def test_the_recipe_composes_the_core_decoupled_advantage():
 
 
 @pytest.mark.parametrize("config", [
-    SRaRConfig(), SRaRConfig(step_normalization=False), SRaRConfig(advantage="merged"),
+    SRaRConfig(), SRaRConfig(step_normalization=False), SRaRConfig(advantage="merged"), SRaRConfig(advantage="rar"),
     SRaRConfig(on_judge_failure="exclude"), SRaRConfig(std_ddof=1, max_items=12),
-], ids=["decoupled", "no_step_norm", "merged", "exclude", "k12"])
+], ids=["decoupled", "no_step_norm", "merged", "rar", "exclude", "k12"])
 def test_advantages_match_the_numpy_loop_on_random_step_attributed_verdicts(config):
     rng = np.random.default_rng(7)
 
@@ -391,9 +395,10 @@ def test_advantages_match_the_numpy_loop_on_random_step_attributed_verdicts(conf
     ctx = context(ScriptedEngine(responses), judge, n=4)
     result = SRaR(config).experience(examples, ctx, step=0)
     expected = check_against_reference(config, result, ctx, examples, judge)
-    # Step-specific values exist: some response's tokens do not all share one advantage.
+    # Step-specific values exist, except in the RaR baseline: some response's tokens do not all share one advantage.
     mask = result.batch["response_mask_bt"]
-    assert any(len(np.unique(np.round(row[m], 5))) > 1 for row, m in zip(expected, mask))
+    step_specific = any(len(np.unique(np.round(row[m], 5))) > 1 for row, m in zip(expected, mask))
+    assert step_specific == (config.advantage != "rar")
 
 
 def test_advantages_match_the_numpy_loop_on_embedded_engine_rollouts():
@@ -440,6 +445,17 @@ def test_merged_advantage_normalises_one_scalar_and_places_it_on_the_scored_step
     plan, *rest = token_spans(GROUP[2])
     np.testing.assert_allclose(per_token(merged, 2), [0.0] * plan + [advantage[2]] * sum(rest), rtol=1e-5, atol=1e-7)
     assert "srar/rubric_offset/mean" not in merged.metrics
+
+
+def test_rar_advantage_is_the_authors_rar_baseline():
+    """The authors' `compute_rar_advantage`: the same scalar r_base + sum of the deltas as the merged ablation
+    (test above), GRPO-normalised (sample std), on every response token, row 2's plan line included."""
+    rar = hand_group_experience(SRaRConfig(advantage="rar"))
+    scalar = np.array([1.0 + 0.8 + 1.0, 0.1 + 1.0 - 1 / 3, 1.0 + 0.8 - 1 / 3, 0.9 - 1 / 3])
+    advantage = (scalar - scalar.mean()) / scalar.std(ddof=1)
+    for row in range(4):
+        np.testing.assert_allclose(per_token(rar, row), advantage[row], rtol=1e-5)
+    assert "srar/rubric_offset/mean" not in rar.metrics
 
 
 def test_suggest_only_removes_pitfall_and_bonus_items_before_judging():

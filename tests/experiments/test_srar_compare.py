@@ -1,12 +1,13 @@
-"""experiments/srar/compare.py in smoke mode: the cold start, every variant (SRaR, its three ablations, RaR and
-outcome-only GRPO) trained and evaluated with the same seed, and a sane table, results.json and plots."""
+"""experiments/srar/compare.py in smoke mode: the cold start, every variant (SRaR, its three ablations, RaR as the
+authors ran it and as the RaR paper has it, outcome-only GRPO) trained and evaluated with the same seed, and a
+sane table, results.json and plots."""
 
 import json
 
 from experiments.srar.compare import ANALYSIS_KEYS, main
 from tests.experiments import run_smoke
 
-VARIANTS = ["srar", "srar_no_step_norm", "srar_merged", "srar_suggest_only", "rar", "grpo"]
+VARIANTS = ["srar", "srar_no_step_norm", "srar_merged", "srar_suggest_only", "rar_typed", "rar", "grpo"]
 
 
 def test_smoke_comparison(tmp_path):
