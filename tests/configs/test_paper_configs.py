@@ -58,12 +58,24 @@ def lookup(config: dict, dotted_key: str):
     return value
 
 
+def paper_value(cell: str):
+    """A table cell as YAML, with scientific notation such as `1e-6` read as a number (YAML 1.1, which PyYAML
+    reads, makes it a string)."""
+    value = yaml.safe_load(cell)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    return value
+
+
 def same_value(actual, expected) -> bool:
     if isinstance(expected, bool) or isinstance(actual, bool):
         return actual is expected
     if isinstance(expected, (int, float)) and isinstance(actual, (int, float)):
         return math.isclose(actual, expected, rel_tol=1e-12, abs_tol=0.0)
-    if isinstance(expected, list) and isinstance(actual, (list, tuple)):
+    if isinstance(expected, (list, tuple)) and isinstance(actual, (list, tuple)):
         return len(actual) == len(expected) and all(map(same_value, actual, expected))
     return actual == expected
 
@@ -77,6 +89,11 @@ def test_config_rows_parses_the_table_and_rejects_a_missing_one():
     ]
     with pytest.raises(ValueError, match="no .*Config values"):
         config_rows("# x\n| a | b |\n")
+
+
+def test_paper_value_reads_scientific_notation_as_a_number():
+    assert paper_value("1e-6") == 1e-6 and paper_value("1.0e-6") == 1e-6 and paper_value("8") == 8
+    assert paper_value("token_mean") == "token_mean" and paper_value("null") is None
 
 
 def test_same_value_is_strict_about_types_and_values():
@@ -94,7 +111,7 @@ def test_paper_config_holds_the_papers_values(paper):
     config = resolved_config(paper)
     mismatches = []
     for row in checked:
-        expected = yaml.safe_load(row["value"])
+        expected = paper_value(row["value"])
         actual = lookup(config, row["config key"])
         if not same_value(actual, expected):
             mismatches.append(f"{row['hyperparameter']} ({row['paper']}): {row['config key']} = {actual!r}, "
