@@ -53,7 +53,7 @@ def random_rollouts(
     response_mask = np.arange(num_tokens)[None, :] < lengths[:, None]
     step_ids = np.zeros((num_rows, num_tokens), np.int32)
     for b in range(num_rows):
-        num_steps = int(rng.integers(0, max_steps + 2))  # may exceed max_steps: those tokens are beyond the slots
+        num_steps = int(rng.integers(0, max_steps + 2))  # items are drawn from [-2, max_steps + 2]
         if num_steps and lengths[b]:
             starts = np.sort(rng.choice(np.arange(lengths[b]), size=min(num_steps, lengths[b]), replace=False))
             for k, start in enumerate(starts, start=1):
