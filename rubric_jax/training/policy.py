@@ -3,8 +3,9 @@
 - `build_policy`: a Hugging Face directory loaded straight onto the mesh (its own tokenizer), or a random decoder
   of the `ModelInit` architecture with the task's tokenizer (vocabulary padded up to a multiple of 64, as real
   checkpoints pad theirs; eos and pad from the tokenizer). `save_policy` writes one back as such a directory.
-- `LearnerState`: params, optimizer state and (when a recipe has a KL penalty) the frozen reference params, as
-  one pytree for `Checkpointer`; `abstract_learner_state` gives the shapes and shardings to restore into.
+- `LearnerState`: params, optimizer state, (when a recipe has a KL penalty) the frozen reference params and (when
+  it trains with a critic, `init_critic`) the critic's params and optimizer state, as one pytree for
+  `Checkpointer`; `abstract_learner_state` gives the shapes and shardings to restore into.
 """
 
 import dataclasses
@@ -23,6 +24,7 @@ from rubric_jax.models.config import ModelConfig
 from rubric_jax.models.decoder import Decoder
 from rubric_jax.models.safetensors_io import load_hf_checkpoint, save_hf_checkpoint
 from rubric_jax.models.tokenizer import load_tokenizer
+from rubric_jax.models.value import ValueModel
 from rubric_jax.training.run_config import MeshConfig, ModelSpec
 
 VOCAB_MULTIPLE = 64
@@ -91,16 +93,22 @@ class LearnerState:
     params: nnx.State
     opt_state: optax.OptState
     reference: Optional[nnx.State] = None
+    critic_params: Optional[nnx.State] = None
+    critic_opt_state: Optional[optax.OptState] = None
 
     def tree(self) -> dict[str, Any]:
         tree = {"params": self.params, "opt_state": self.opt_state}
         if self.reference is not None:
             tree["reference"] = self.reference
+        if self.critic_params is not None:
+            tree["critic"] = {"params": self.critic_params, "opt_state": self.critic_opt_state}
         return tree
 
     @classmethod
     def from_tree(cls, tree: dict[str, Any]) -> "LearnerState":
-        return cls(tree["params"], tree["opt_state"], tree.get("reference"))
+        critic = tree.get("critic", {})
+        return cls(tree["params"], tree["opt_state"], tree.get("reference"), critic.get("params"),
+                   critic.get("opt_state"))
 
 
 def init_learner_state(model: Decoder, optimizer: optax.GradientTransformation, mesh: Mesh,
@@ -109,6 +117,16 @@ def init_learner_state(model: Decoder, optimizer: optax.GradientTransformation, 
     graphdef, params, opt_state = train_step.init_train_state(
         model, optimizer, mesh, sharding.partition_rules(model.config))
     return graphdef, LearnerState(params, opt_state, copy_params(params) if with_reference else None)
+
+
+def init_critic(graphdef: nnx.GraphDef, params: nnx.State, optimizer: optax.GradientTransformation, mesh: Mesh
+                ) -> tuple[nnx.GraphDef, nnx.State, optax.OptState]:
+    """A critic (`models.value.ValueModel`) initialised from a copy of the policy's `params`, as verl's critic
+    starts from the actor's checkpoint, laid out on `mesh` by the policy's rules, with a fresh optimizer state of
+    its own. Returns (critic graphdef, critic params, critic optimizer state)."""
+    trunk = nnx.merge(graphdef, copy_params(params))
+    return train_step.init_train_state(ValueModel(trunk, rngs=nnx.Rngs(0)), optimizer, mesh,
+                                       sharding.partition_rules(trunk.config))
 
 
 def abstract_learner_state(state: LearnerState) -> dict[str, Any]:

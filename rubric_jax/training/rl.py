@@ -7,6 +7,10 @@
                                                       and their mismatch with the learner's is logged
   4. `epochs` passes over the batch in a fresh random order, each split into `mini_batches` optimizer updates,
      each accumulated exactly over `micro_batches` (`train_step.make_train_step`)
+  PPO with a critic (a recipe whose `uses_critic`; the run's `critic` config): the recipe hands token rewards;
+     before step 4 the critic's values of the batch give GAE advantages and returns (`critic_advantages`), and
+     in step 4 every mini-batch also updates the critic on the clipped value loss (`models.value`) with its own
+     optimizer. The critic is never synced anywhere; it is checkpointed with the policy.
   5. weight sync to the engine (version "step-<n>"); a recipe's frozen engine (`make_frozen_engine`, the initial
      policy for a role that is not trained) is never synced
   6. metrics (metrics.jsonl, TensorBoard, console) and, every `checkpoint.every_steps` and at the end, an orbax
@@ -30,19 +34,22 @@ import jax
 import numpy as np
 from flax import nnx
 
-from rubric_jax.algorithms.base import RolloutContext
+from rubric_jax.algorithms.base import RolloutContext, summary_stats
 from rubric_jax.algorithms.registry import algorithm_class
 from rubric_jax.inference.embedded import EmbeddedEngine
 from rubric_jax.inference.engine import RolloutEngine, SamplingParams
 from rubric_jax.inference.http import JsonHttpClient, RetryPolicy
 from rubric_jax.judges import llm
 from rubric_jax.judges.base import Judge
+from rubric_jax.core import value as core_value
+from rubric_jax.core.advantages import whiten_tokens
 from rubric_jax.models import sharding, train_step
+from rubric_jax.models.value import make_value_train_step, make_values_fn
 from rubric_jax.training import policy, runs
 from rubric_jax.training.evaluate import evaluate
 from rubric_jax.training.metrics import PhaseTimer
 from rubric_jax.training.optim import learning_rate_schedule, make_optimizer
-from rubric_jax.training.run_config import JudgeConfig, RLConfig, resolve_algorithm
+from rubric_jax.training.run_config import CriticConfig, JudgeConfig, RLConfig, resolve_algorithm
 from rubric_jax.yaml_config import save_config
 
 RL_PLOTS = {
@@ -52,6 +59,7 @@ RL_PLOTS = {
     "policy": ("train/entropy", "train/clip_fraction", "mismatch/k3"),
     "response_length": ("response/length_mean",),
     "time": ("time/generation", "time/judging", "time/logprobs", "time/update", "time/sync", "time/checkpoint"),
+    "critic": ("critic/loss", "critic/explained_variance", "critic/clip_fraction"),
 }
 
 
@@ -116,13 +124,33 @@ def _request_metrics(name: str, stats, seen: dict[str, int]) -> dict[str, float]
 
 
 class _Learner:
-    """The jitted steps of one run, compiled per prompt width (the learner's `first_scored`)."""
+    """The jitted steps of one run, compiled per prompt width (the learner's `first_scored`); the critic's too
+    when the run has one (`critic_graphdef` and `critic_optimizer`, its params in `state`)."""
 
-    def __init__(self, config: RLConfig, algorithm, graphdef, state: policy.LearnerState, optimizer, mesh, rules):
+    def __init__(self, config: RLConfig, algorithm, graphdef, state: policy.LearnerState, optimizer, mesh, rules,
+                 critic_graphdef=None, critic_optimizer=None):
         self.config, self.algorithm, self.graphdef = config, algorithm, graphdef
         self.optimizer, self.mesh, self.rules = optimizer, mesh, rules
         self.abstract_params = jax.eval_shape(lambda p: p, state.params)
         self._compiled: dict[int, tuple[Any, Any]] = {}
+        self.critic_graphdef, self.critic_optimizer = critic_graphdef, critic_optimizer
+        self.abstract_critic = jax.eval_shape(lambda p: p, state.critic_params)
+        self._compiled_critic: dict[int, tuple[Any, Any]] = {}
+
+    @property
+    def has_critic(self) -> bool:
+        return self.critic_graphdef is not None
+
+    def critic_steps(self, prompt_width: int):
+        """(value update, values) of the critic (`models.value`)."""
+        if prompt_width not in self._compiled_critic:
+            common = dict(mesh=self.mesh, abstract_params=self.abstract_critic, rules=self.rules,
+                          first_scored=prompt_width)
+            update = make_value_train_step(
+                self.critic_graphdef, self.critic_optimizer, clip=self.config.critic.value_clip,
+                aggregate=self.algorithm.aggregate(), micro_batches=self.config.learner.micro_batches, **common)
+            self._compiled_critic[prompt_width] = (update, make_values_fn(self.critic_graphdef, **common))
+        return self._compiled_critic[prompt_width]
 
     def steps(self, prompt_width: int):
         if prompt_width not in self._compiled:
@@ -148,13 +176,55 @@ def pad_rows(batch: dict[str, np.ndarray], multiple: int) -> dict[str, np.ndarra
     return padded
 
 
+_gae = jax.jit(core_value.gae_advantages, static_argnames=("gamma", "lam"))
+_whiten = jax.jit(whiten_tokens)
+
+
+def critic_advantages(batch: dict[str, np.ndarray], old_values_bt: np.ndarray, config: CriticConfig
+                      ) -> dict[str, np.ndarray]:
+    """`batch` plus the critic's "old_values_bt" and GAE's (`core.value.gae_advantages`) "advantages_bt" and
+    "returns_bt" from the recipe's "token_rewards_bt": the advantages whitened over all response tokens of the
+    batch when `config.whiten_advantages` (verl's masked_whiten after GAE), the returns (the critic's targets)
+    never. ValueError when the recipe gave no token rewards."""
+    if "token_rewards_bt" not in batch:
+        raise ValueError("a recipe that uses the critic must put its rewards in Experience.batch['token_rewards_bt']")
+    mask_bt = batch["response_mask_bt"]
+    advantages_bt, returns_bt = _gae(batch["token_rewards_bt"], old_values_bt, mask_bt, gamma=config.gamma,
+                                     lam=config.lam)
+    if config.whiten_advantages:
+        advantages_bt = _whiten(advantages_bt, mask_bt)
+    return {**batch, "old_values_bt": old_values_bt, "advantages_bt": np.asarray(advantages_bt),
+            "returns_bt": np.asarray(returns_bt)}
+
+
+def _critic_metrics(batch: dict[str, np.ndarray]) -> dict[str, float]:
+    """The critic's fit before this step's updates, over response tokens: verl's vf_explained_var,
+    1 - Var(R - V_old) / (Var(R) + 1e-5) (population variances; verl's sample variances give the same ratio up to
+    the 1e-5), and the advantages' and returns' summary statistics."""
+    mask_bt = batch["response_mask_bt"]
+    if not mask_bt.any():
+        return {}
+    returns, old_values = (batch[key][mask_bt].astype(np.float64) for key in ("returns_bt", "old_values_bt"))
+    return {"critic/explained_variance": float(1 - np.var(returns - old_values) / (np.var(returns) + 1e-5)),
+            **summary_stats("critic/advantage", batch["advantages_bt"], mask_bt),
+            **summary_stats("critic/return", batch["returns_bt"], mask_bt)}
+
+
+def _mean_metrics(prefix: str, collected: list) -> dict[str, float]:
+    collected = jax.device_get(collected)
+    return {f"{prefix}/{name}": float(np.mean([m[name] for m in collected])) for name in collected[0]} if collected \
+        else {}
+
+
 def _update(learner: _Learner, state: policy.LearnerState, batch, prompt_width: int, step: int, seed: int):
-    """Step 4 of the module docstring; returns the mean of each train metric over the updates."""
+    """Step 4 of the module docstring (each mini-batch also updates the critic, when there is one); returns the
+    mean of each train/* and critic/* metric over the updates."""
     update, _ = learner.steps(prompt_width)
+    critic_update = learner.critic_steps(prompt_width)[0] if learner.has_critic else None
     config = learner.config.learner
     rows = next(iter(batch.values())).shape[0]
     per_update = rows // config.mini_batches
-    collected = []
+    collected, critic_collected = [], []
     for epoch in range(config.epochs):
         order = np.random.default_rng((seed, step, epoch)).permutation(rows)
         for start in range(0, rows, per_update):
@@ -162,8 +232,11 @@ def _update(learner: _Learner, state: policy.LearnerState, batch, prompt_width: 
             mini_batch = {key: value[index] for key, value in batch.items()}
             state.params, state.opt_state, metrics = update(state.params, state.opt_state, mini_batch)
             collected.append(metrics)
-    collected = jax.device_get(collected)
-    return {f"train/{name}": float(np.mean([m[name] for m in collected])) for name in collected[0]}
+            if critic_update is not None:
+                state.critic_params, state.critic_opt_state, metrics = critic_update(
+                    state.critic_params, state.critic_opt_state, mini_batch)
+                critic_collected.append(metrics)
+    return {**_mean_metrics("train", collected), **_mean_metrics("critic", critic_collected)}
 
 
 def train_rl(config: RLConfig, task: Any, *, judge=None, model=None, tokenizer=None) -> dict[str, float]:
@@ -188,8 +261,14 @@ def train_rl(config: RLConfig, task: Any, *, judge=None, model=None, tokenizer=N
     judge = judge if judge is not None else make_judge(config.judge, task, config.seed)
     optimizer = make_optimizer(config.optimizer)
     schedule = learning_rate_schedule(config.optimizer)
+    critic_schedule = learning_rate_schedule(config.critic.optimizer)
     graphdef, state = policy.init_learner_state(model, optimizer, mesh, algorithm.needs_reference)
     rules = sharding.partition_rules(model.config)
+    critic_graphdef = critic_optimizer = None
+    if algorithm.uses_critic:
+        critic_optimizer = make_optimizer(config.critic.optimizer)
+        critic_graphdef, state.critic_params, state.critic_opt_state = policy.init_critic(
+            graphdef, state.params, critic_optimizer, mesh)
     # Taken before the restore: a resumed run's frozen role still samples from the initial policy.
     initial_params = policy.copy_params(state.params) if algorithm.needs_frozen_engine else None
 
@@ -211,7 +290,7 @@ def train_rl(config: RLConfig, task: Any, *, judge=None, model=None, tokenizer=N
                                 temperature=rollout.temperature, top_p=rollout.top_p, top_k=rollout.top_k),
         max_prompt_tokens=rollout.max_prompt_tokens, prompt_truncation=rollout.prompt_truncation,
         frozen_engine=frozen_engine)
-    learner = _Learner(config, algorithm, graphdef, state, optimizer, mesh, rules)
+    learner = _Learner(config, algorithm, graphdef, state, optimizer, mesh, rules, critic_graphdef, critic_optimizer)
     dataset = task.train_stream(position)
     eval_examples = task.eval_examples(config.eval.num_examples) if config.eval.every_steps else []
     updates_per_step = config.learner.epochs * config.learner.mini_batches
@@ -240,12 +319,20 @@ def train_rl(config: RLConfig, task: Any, *, judge=None, model=None, tokenizer=N
                 batch = {**batch, "old_logp_bt": old_logp_bt}
                 if state.reference is not None:
                     batch["ref_logp_bt"] = np.asarray(jax.device_get(logprobs(state.reference, batch)))
+            critic_metrics = {}
+            if learner.has_critic:
+                with timer.phase("values"):
+                    _, values = learner.critic_steps(width)
+                    batch = critic_advantages(batch, np.asarray(jax.device_get(values(state.critic_params, batch))),
+                                              config.critic)
+                critic_metrics = {**_critic_metrics(batch),
+                                  "critic/learning_rate": float(critic_schedule((step + 1) * updates_per_step - 1))}
             with timer.phase("update"):
                 train_metrics = _update(learner, state, batch, width, step, config.seed)
                 jax.block_until_ready(state.params)
             with timer.phase("sync"):
                 engine.update_weights(nnx.merge(graphdef, policy.copy_params(state.params)), f"step-{step + 1}")
-            metrics = {**experience.metrics, **train_metrics, **_mismatch_metrics(batch, old_logp_bt),
+            metrics = {**experience.metrics, **train_metrics, **critic_metrics, **_mismatch_metrics(batch, old_logp_bt),
                        **{name: float(value) for name, value in context.prompt_metrics.items()},
                        **_request_metrics("judge", judge.http_stats(), judge_requests_seen),
                        **_request_metrics("engine", engine.http_stats(), engine_requests_seen),

@@ -145,6 +145,27 @@ class LearnerConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class CriticConfig:
+    """PPO's critic, for a recipe that trains with one (`Algorithm.uses_critic`; ignored otherwise; verl's
+    `critic` and `algorithm.gamma / lam`): a value model initialised from the policy's initial weights
+    (`models.value`), updated on every mini-batch of the policy's updates by its own AdamW `optimizer` on the
+    clipped value loss with range `value_clip` (aggregated like the policy loss); the recipe's token rewards become
+    GAE(`gamma`, `lam`) advantages, whitened over the batch's response tokens when `whiten_advantages` (verl's
+    defaults throughout: lr 1e-5, clip 0.5, gamma = lam = 1, whitening on)."""
+
+    optimizer: OptimizerConfig = OptimizerConfig(learning_rate=1e-5)
+    value_clip: float = 0.5
+    gamma: float = 1.0
+    lam: float = 1.0
+    whiten_advantages: bool = True
+
+    def __post_init__(self):
+        _require(self.value_clip >= 0, f"value_clip must be >= 0, got {self.value_clip}")
+        for name in ("gamma", "lam"):
+            _require(0 <= getattr(self, name) <= 1, f"{name} must be in [0, 1], got {getattr(self, name)}")
+
+
+@dataclasses.dataclass(frozen=True)
 class AlgorithmSpec:
     """A recipe of `rubric_jax.algorithms` by name, and its config (the recipe's own config class)."""
 
@@ -243,6 +264,7 @@ class RLConfig:
     algorithm: AlgorithmSpec = AlgorithmSpec()
     judge: JudgeConfig = JudgeConfig()
     optimizer: OptimizerConfig = OptimizerConfig()
+    critic: CriticConfig = CriticConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
     metrics: MetricsConfig = MetricsConfig()
     eval: EvalConfig = EvalConfig()

@@ -1,6 +1,7 @@
 """Kill and resume: an RL run SIGKILLed in a subprocess after a checkpoint resumes from it, and its metrics for
 every later step equal those of an uninterrupted run with the same seed (timings aside); every step appears
-exactly once in the resumed run's metrics.jsonl."""
+exactly once in the resumed run's metrics.jsonl. Also with PPO's critic, whose params and optimizer state the
+checkpoint must carry for its values (hence the advantages) to continue exactly."""
 
 import os
 import signal
@@ -9,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 
 from rubric_jax.training.checkpoint import Checkpointer
@@ -20,20 +22,23 @@ import sys
 from rubric_jax.training.rl import train_rl
 from rubric_jax.training.run_config import RLConfig
 from rubric_jax.yaml_config import load_config
+from tests.training import critic_recipe
 from tests.training.toy_task import toy_task
 train_rl(load_config(RLConfig, sys.argv[1]), toy_task())
 """
 STEPS = 12
 
 
-def write_config(directory: Path) -> Path:
+def write_config(directory: Path, algorithm: str) -> Path:
     config = {
         "output_dir": str(directory / "run"), "steps": STEPS, "seed": 5,
         "model": {"init": {"hidden_size": 32, "intermediate_size": 64, "num_layers": 1, "num_heads": 2,
                            "num_kv_heads": 1, "head_dim": 16, "max_position_embeddings": 96}},
         "rollout": {"prompts_per_step": 2, "group_size": 4, "max_new_tokens": 16},
         "learner": {"mini_batches": 2},
+        "algorithm": {"name": algorithm},
         "optimizer": {"learning_rate": 3e-3},
+        "critic": {"optimizer": {"learning_rate": 3e-3}},
         "checkpoint": {"every_steps": 2, "keep": 2, "async_save": True},
         "metrics": {"console": False, "tensorboard": False, "plots": False},
     }
@@ -58,13 +63,14 @@ def comparable(lines: list[dict]) -> dict[int, dict]:
     return {line["step"]: {k: v for k, v in line.items() if not k.startswith("time/")} for line in lines}
 
 
-def test_a_killed_run_resumes_and_matches_the_uninterrupted_run(tmp_path):
+@pytest.mark.parametrize("algorithm", ["rar", "toy_critic"])
+def test_a_killed_run_resumes_and_matches_the_uninterrupted_run(tmp_path, algorithm):
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
-    uninterrupted = start(write_config(tmp_path / "a"))
+    uninterrupted = start(write_config(tmp_path / "a", algorithm))
     finish(uninterrupted)
 
-    config = write_config(tmp_path / "b")
+    config = write_config(tmp_path / "b", algorithm)
     killed = start(config)
     checkpoints = Checkpointer(tmp_path / "b" / "run" / "checkpoints")
     deadline = time.monotonic() + 300
@@ -87,3 +93,5 @@ def test_a_killed_run_resumes_and_matches_the_uninterrupted_run(tmp_path):
     assert got == expected
     # The runs learned something: the comparison is not between constant metrics.
     assert len({round(line["train/loss"], 6) for line in expected.values()}) > 1
+    if algorithm == "toy_critic":
+        assert len({round(line["critic/explained_variance"], 6) for line in expected.values()}) > 1

@@ -1,0 +1,101 @@
+"""PPO with a critic in the trainer: GAE advantages from the critic's values (against verl's loops), the critic's
+metrics, its own optimizer and learning rate, its params and optimizer state in the checkpoint, and the `critic`
+config section's validation. (Kill-and-resume with a critic: tests/training/test_resume.py.)"""
+
+import math
+
+import numpy as np
+import pytest
+
+from rubric_jax.training import policy
+from rubric_jax.training.checkpoint import Checkpointer
+from rubric_jax.training.metrics import read_metrics
+from rubric_jax.training.optim import OptimizerConfig
+from rubric_jax.training.rl import critic_advantages, train_rl
+from rubric_jax.training.run_config import AlgorithmSpec, CriticConfig, LearnerConfig, RLConfig
+from rubric_jax.yaml_config import config_from_dict
+from tests.core import reference_value as ref
+from tests.training import critic_recipe  # noqa: F401  (registers "toy_critic")
+from tests.training.test_rl import tiny_rl_config
+from tests.training.toy_task import toy_task
+
+
+@pytest.mark.parametrize("whiten", [True, False])
+@pytest.mark.parametrize("seed", range(5))
+def test_critic_advantages_are_verls_gae_whitened_over_the_batch(seed, whiten):
+    batch = ref.random_value_batch(np.random.RandomState(seed))
+    if batch.mask.sum() < 2:
+        pytest.skip("whitening needs two valid tokens")
+    config = CriticConfig(gamma=0.99, lam=0.95, whiten_advantages=whiten)
+    out = critic_advantages({"token_rewards_bt": batch.rewards, "response_mask_bt": batch.mask}, batch.values,
+                            config)
+    advantages, returns = ref.verl_gae(batch.rewards, batch.values, batch.mask, 0.99, 0.95)
+    expected = ref.verl_whiten(advantages, batch.mask) if whiten else np.where(batch.mask, advantages, 0)
+    np.testing.assert_allclose(out["advantages_bt"], expected, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(out["returns_bt"], np.where(batch.mask, returns, 0), rtol=2e-5, atol=2e-6)
+    assert out["old_values_bt"] is batch.values
+
+
+def test_critic_advantages_need_token_rewards():
+    mask = np.ones((2, 3), bool)
+    with pytest.raises(ValueError, match="token_rewards_bt"):
+        critic_advantages({"response_mask_bt": mask, "advantages_bt": np.zeros((2, 3))}, np.zeros((2, 3)),
+                          CriticConfig())
+
+
+def test_a_critic_run_logs_the_critics_metrics_and_checkpoints_its_params_and_optimizer_state(tmp_path):
+    critic = CriticConfig(optimizer=OptimizerConfig(learning_rate=3e-3, warmup_steps=4), value_clip=0.2,
+                          gamma=1.0, lam=0.95)
+    config = tiny_rl_config(tmp_path, steps=2, algorithm=AlgorithmSpec(name="toy_critic"), critic=critic,
+                            learner=LearnerConfig(mini_batches=2))
+    train_rl(config, toy_task())
+    first, second = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    expected = {"critic/loss", "critic/grad_norm", "critic/clip_fraction", "critic/value_mean",
+                "critic/explained_variance", "critic/learning_rate", "critic/advantage/mean", "critic/advantage/std",
+                "critic/return/mean", "time/values", "train/loss", "train/clip_fraction"}
+    assert expected <= first.keys() and expected <= second.keys()
+    assert all(math.isfinite(v) for line in (first, second) for v in line.values() if isinstance(v, float))
+    # Two updates per step, warmup 4: the critic's lr after step 1 is at update 1, (1 + 1) / 4 of its peak.
+    assert first["critic/learning_rate"] == pytest.approx(3e-3 * 2 / 4)
+    assert second["critic/learning_rate"] == pytest.approx(3e-3)
+    # The fresh critic values every state at 0, so its first fit explains nothing; whitening centres advantages.
+    assert first["critic/explained_variance"] == pytest.approx(0, abs=1e-3)
+    assert first["critic/advantage/mean"] == pytest.approx(0, abs=1e-5)
+    assert first["critic/loss"] > 0 and first["critic/grad_norm"] > 0
+    # By step 2 the critic has been trained: its values are no longer all 0.
+    assert abs(second["critic/explained_variance"]) > 1e-3
+
+    checkpoints = Checkpointer(tmp_path / "run" / "checkpoints")
+    tree, _ = checkpoints.restore(None, None)
+    checkpoints.close()
+    assert set(tree) == {"params", "opt_state", "critic"} and set(tree["critic"]) == {"params", "opt_state"}
+    kernel = np.asarray(tree["critic"]["params"]["value_head"]["kernel"]["value"])
+    assert kernel.shape == (32, 1) and np.any(kernel != 0)
+    assert "lm_head" not in tree["critic"]["params"]["trunk"]
+
+
+def test_a_recipe_without_a_critic_builds_none():
+    state = policy.LearnerState(params={}, opt_state={})
+    assert "critic" not in state.tree()
+    assert policy.LearnerState.from_tree(state.tree()).critic_params is None
+
+
+@pytest.mark.parametrize("section, message", [
+    ({"value_clip": -0.1}, "value_clip"),
+    ({"gamma": 1.5}, "gamma"),
+    ({"lam": -0.5}, "lam"),
+    ({"optimizer": {"learning_rate": 0}}, "learning_rate"),
+    ({"clip": 0.2}, "critic.clip"),
+])
+def test_the_critic_section_is_validated(section, message):
+    data = {"output_dir": "x", "steps": 1, "model": {"init": {}}, "critic": section}
+    with pytest.raises(ValueError, match=message):
+        config_from_dict(RLConfig, data)
+
+
+def test_the_critic_sections_defaults_are_verls_and_a_partial_optimizer_keeps_the_critics_lr():
+    config = config_from_dict(RLConfig, {"output_dir": "x", "steps": 1, "model": {"init": {}},
+                                         "critic": {"optimizer": {"warmup_steps": 10}}})
+    assert config.critic.optimizer.learning_rate == 1e-5 and config.critic.optimizer.warmup_steps == 10
+    assert (config.critic.value_clip, config.critic.gamma, config.critic.lam) == (0.5, 1.0, 1.0)
+    assert config.critic.whiten_advantages
