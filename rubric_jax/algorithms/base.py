@@ -22,8 +22,11 @@ Conventions:
 import abc
 import collections
 import dataclasses
+import functools
 from typing import Any, Literal, Mapping, Optional, Protocol, Sequence
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from rubric_jax.core import aggregation, kl, losses
@@ -99,36 +102,89 @@ NORM_AGGREGATIONS = ("seq_mean_token_sum_norm", "token_sum_norm")
 class PolicyLossConfig:
     """The policy loss every recipe shares (`policy_loss_fn`, `aggregate_fn`); the defaults are plain PPO.
 
-    - `loss`: "ppo", PPO's clipped token ratio with clip range (eps_low, eps_high), DAPO's clip-higher when
-      they differ (`core.losses.ppo_clip_loss`); "dual_clip", the same with a negative-advantage token's loss
-      capped at -A c, c = `clip_ratio_c` > 1 (`dual_clip_ppo_loss`; rubric_grounded_rl.txt, Appendix C); "gspo",
-      GSPO's clipped sequence ratio (`gspo_loss`), whose range is orders of magnitude narrower and so has its own
-      fields (gspo_eps_low, gspo_eps_high: the GSPO paper's 3e-4, 4e-4) and which needs the sequence-level
-      aggregation seq_mean_token_mean (with token_mean long responses would weigh more, REFERENCE.md section 4,
-      item 9).
+    - `loss`, the per-token policy loss (`core.losses`):
+      - "ppo": PPO's clipped token ratio with clip range (eps_low, eps_high), DAPO's clip-higher when they differ
+        (`ppo_clip_loss`).
+      - "dual_clip": the same with a negative-advantage token's loss capped at -A c, c = `clip_ratio_c` > 1
+        (`dual_clip_ppo_loss`; rubric_grounded_rl.txt, Appendix C). verl's "vanilla" is this, with c = 3.
+      - "gspo": GSPO's clipped sequence ratio (`gspo_loss`), whose range is orders of magnitude narrower and so has
+        its own fields (gspo_eps_low, gspo_eps_high: the GSPO paper's 3e-4, 4e-4); a sequence-level loss, it needs
+        aggregation seq_mean_token_mean (GSPO; with token_mean long responses would weigh more, REFERENCE.md
+        section 4, item 9) or seq_mean_token_sum (which is LUSPO, TRL's "luspo": each sequence's loss times
+        its length).
+      - "gmpo": GMPO's geometric mean of the token ratios, each log r clipped on its advantage's pessimistic side
+        to (-gmpo_eps_low, gmpo_eps_high) in log space (`gmpo_loss`; the paper's 0.4, 0.4; verl's "geo_mean");
+        sequence-level, it needs aggregation seq_mean_token_mean.
+      - "sapo": SAPO's soft gate (4 / tau) sigmoid(tau (r - 1)) in place of the clip, tau = sapo_tau_pos where
+        A > 0, sapo_tau_neg elsewhere (`sapo_loss`; the paper's 1.0, 1.05; verl and TRL aggregate it with
+        seq_mean_token_mean).
+      - "clip_cov": PPO's clip (eps_low, eps_high) with max(floor(clip_cov_ratio n), 1) of the valid tokens whose
+        covariance of logp and A lies in (clip_cov_lb, clip_cov_ub) detached, chosen at random (`clip_cov_loss`;
+        verl's defaults 2e-4, (1, 5)). verl draws them from torch's global generator; here the key is a function
+        of the micro-batch (the integer sum of the bit patterns of its response tokens' old logprobs), so a
+        resumed run draws what the uninterrupted one did. The token metric clip_fraction counts both clips.
+      - "kl_cov": the unclipped -r A plus kl_cov_coef |log r| on the max(floor(kl_cov_ratio n), 1) tokens of
+        largest covariance (`kl_cov_loss`; verl's ratio 2e-4, coefficient 1).
+        Both covariance losses compute the covariance and n over the micro-batch the step hands the loss, as verl.
+      - "cispo": CISPO's detached clipped weight, -sg(clip(r, 1 - cispo_eps_low, 1 + cispo_eps_high)) A logp
+        (`cispo_loss`); cispo_eps_high is required (MiniMax-M1 tunes it); cispo_eps_low 1 means no lower bound.
+      - "vespo": VESPO's detached gamma weight of the sequence ratio, -sg(phi(w)) A logp, with (vespo_k_pos,
+        vespo_lambda_pos) where A >= 0 and (vespo_k_neg, vespo_lambda_neg) where A < 0 (`vespo_loss`; TRL's
+        defaults 2, 3, 3, 2).
+      - "gpg": the plain policy gradient -A logp, no ratio, no clip (`policy_gradient_loss`; GPG's loss, verl's
+        "gpg"); PPO's gradient on fresh rollouts, and still the on-policy one on later updates of a batch.
+    - TRL's `loss_type` as (loss, aggregation): "grpo" (ppo, seq_mean_token_mean); "dapo" (ppo, token_mean);
+      "bnpo" (ppo, token_mean: TRL normalises by the tokens of each local micro-batch, here by the whole batch's,
+      exactly accumulated; equal with one micro-batch); "dr_grpo" (ppo, token_sum_norm, norm_constant = the
+      maximum completion length); "cispo" (cispo, token_mean, cispo_eps_low 1, cispo_eps_high = TRL's
+      epsilon_high - 1: TRL's epsilon_high caps the ratio itself); "sapo" (sapo, seq_mean_token_mean); "luspo"
+      (gspo, seq_mean_token_sum); "vespo" (vespo, token_mean). importance_sampling_level "sequence" with "grpo" is
+      (gspo, seq_mean_token_mean). TRL's `delta` (INTELLECT-2's two-sided clip, coef_1 capped at delta) equals
+      dual_clip with clip_ratio_c = delta for delta > 1 + eps_high (the range TRL recommends).
+    - `token_selection`: "all", or "high_entropy": the policy loss kept only on the valid tokens whose entropy is
+      among the top `entropy_top_fraction` of the micro-batch's (`core.losses.high_entropy_mask`, "Beyond the
+      80/20 Rule", whose 0.2 is the default; TRL's top_entropy_quantile). Dropped tokens stay in the
+      aggregation's denominator, as in the paper's objective and TRL; the KL term is not masked.
     - `rollout_correction`: rollout/train mismatch weights, w = pi_old / pi_rollout from the learner's old
       logprobs and the engine's, detached, multiplying each token's policy loss (the KL term is not reweighted)
       (`train_step.with_rollout_correction`): "tis" min(w, tis_cap); "icepop" w inside [is_low, is_high], else 0;
       "seq_mask_tis" a whole sequence zeroed when its geometric-mean w leaves [is_low, is_high]; "none".
     - `kl_coef` > 0 adds a KL penalty against the frozen initial policy (the trainer then keeps a reference
-      copy); `kl_estimator` names a `core.kl` estimator.
+      copy); `kl_estimator` names a `core.kl` estimator ("abs" is verl's |logp - ref_logp|).
     - `aggregation`: a `core.aggregation` mode; `norm_constant`, required by the two constant-normaliser modes
       only, is Dr.GRPO's constant per valid sequence (seq_mean_token_sum_norm) or verl's per row of the batch
       (token_sum_norm: verl's loss_scale_factor / ppo_micro_batch_size_per_gpu reproduces a verl update).
     """
 
-    loss: Literal["ppo", "dual_clip", "gspo"] = "ppo"
+    loss: Literal["ppo", "dual_clip", "gspo", "gmpo", "sapo", "clip_cov", "kl_cov", "cispo", "vespo", "gpg"] = "ppo"
     eps_low: float = 0.2
     eps_high: float = 0.2
     clip_ratio_c: float = 3.0
     gspo_eps_low: float = 3e-4
     gspo_eps_high: float = 4e-4
+    gmpo_eps_low: float = 0.4
+    gmpo_eps_high: float = 0.4
+    sapo_tau_pos: float = 1.0
+    sapo_tau_neg: float = 1.05
+    clip_cov_ratio: float = 2e-4
+    clip_cov_lb: float = 1.0
+    clip_cov_ub: float = 5.0
+    kl_cov_ratio: float = 2e-4
+    kl_cov_coef: float = 1.0
+    cispo_eps_low: float = 1.0
+    cispo_eps_high: Optional[float] = None
+    vespo_k_pos: float = 2.0
+    vespo_lambda_pos: float = 3.0
+    vespo_k_neg: float = 3.0
+    vespo_lambda_neg: float = 2.0
+    token_selection: Literal["all", "high_entropy"] = "all"
+    entropy_top_fraction: float = 0.2
     rollout_correction: Literal["none", "tis", "icepop", "seq_mask_tis"] = "none"
     tis_cap: float = 2.0
     is_low: float = 0.5
     is_high: float = 5.0
     kl_coef: float = 0.0
-    kl_estimator: Literal["k1", "k2", "k3", "k1_k2_grad", "k3_k2_grad"] = "k3"
+    kl_estimator: Literal["k1", "k2", "k3", "k1_k2_grad", "k3_k2_grad", "abs"] = "k3"
     aggregation: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm",
                          "token_sum_norm"] = (
         "token_mean"
@@ -136,30 +192,94 @@ class PolicyLossConfig:
     norm_constant: Optional[float] = None
 
     def __post_init__(self):
-        for name in ("eps_low", "eps_high", "gspo_eps_low", "gspo_eps_high", "kl_coef", "is_low"):
+        for name in ("eps_low", "eps_high", "gspo_eps_low", "gspo_eps_high", "gmpo_eps_low", "gmpo_eps_high",
+                     "cispo_eps_low", "kl_cov_coef", "vespo_k_pos", "vespo_k_neg", "kl_coef", "is_low"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
+        for name in ("sapo_tau_pos", "sapo_tau_neg", "vespo_lambda_pos", "vespo_lambda_neg"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
+        for name in ("clip_cov_ratio", "kl_cov_ratio"):
+            if not 0 < getattr(self, name) <= 1:
+                raise ValueError(f"{name} must be in (0, 1], got {getattr(self, name)!r}")
+        if not 0 <= self.entropy_top_fraction <= 1:
+            raise ValueError(f"entropy_top_fraction must be in [0, 1], got {self.entropy_top_fraction!r}")
+        if not self.clip_cov_lb < self.clip_cov_ub:
+            raise ValueError(f"clip_cov_lb must be < clip_cov_ub, got ({self.clip_cov_lb!r}, {self.clip_cov_ub!r})")
         if not self.clip_ratio_c > 1:
             raise ValueError(f"clip_ratio_c must be > 1 (the dual clip's c), got {self.clip_ratio_c!r}")
         if not self.tis_cap > 0:
             raise ValueError(f"tis_cap must be > 0, got {self.tis_cap!r}")
         if not self.is_high >= self.is_low:
             raise ValueError(f"is_high must be >= is_low, got [{self.is_low!r}, {self.is_high!r}]")
-        if self.loss == "gspo" and self.aggregation != "seq_mean_token_mean":
-            raise ValueError(f"loss gspo needs aggregation seq_mean_token_mean (GSPO's sequence-level objective), "
-                             f"got {self.aggregation}")
+        if self.loss == "cispo" and not (self.cispo_eps_high is not None and self.cispo_eps_high >= 0):
+            raise ValueError(f"loss cispo needs cispo_eps_high >= 0, got {self.cispo_eps_high!r}")
+        sequence_modes = SEQUENCE_LOSS_AGGREGATIONS.get(self.loss)
+        if sequence_modes is not None and self.aggregation not in sequence_modes:
+            raise ValueError(f"loss {self.loss} needs aggregation {' or '.join(sequence_modes)} (a sequence-level "
+                             f"objective), got {self.aggregation}")
         if (self.aggregation in NORM_AGGREGATIONS) != (self.norm_constant is not None):
             raise ValueError(f"norm_constant is required by aggregation {' and '.join(NORM_AGGREGATIONS)}, "
                              "and only by them")
 
 
+# the aggregations under which a sequence-level loss is its paper's objective (GSPO / LUSPO, GMPO)
+SEQUENCE_LOSS_AGGREGATIONS = {"gspo": ("seq_mean_token_mean", "seq_mean_token_sum"), "gmpo": ("seq_mean_token_mean",)}
+
+
+def micro_batch_key(batch: train_step.Batch) -> jax.Array:
+    """A PRNG key that is a function of the micro-batch alone: the wrapping uint32 sum of the bit patterns of
+    its response tokens' old logprobs, an integer sum, so the same whatever the summation order or sharding."""
+    old_logp_bt = jnp.where(batch["response_mask_bt"], jnp.asarray(batch["old_logp_bt"], jnp.float32), 0)
+    return jax.random.key(jnp.sum(jax.lax.bitcast_convert_type(old_logp_bt, jnp.uint32), dtype=jnp.uint32))
+
+
+def _clip_cov_loss(config: PolicyLossConfig) -> train_step.TokenLossFn:
+    settings = dict(eps_low=config.eps_low, eps_high=config.eps_high, clip_cov_ratio=config.clip_cov_ratio,
+                    clip_cov_lb=config.clip_cov_lb, clip_cov_ub=config.clip_cov_ub)
+
+    def loss_fn(logp_bt, entropy_bt, batch):
+        keyed = functools.partial(losses.clip_cov_loss, key=micro_batch_key(batch))
+        return train_step.ratio_loss(keyed, **settings)(logp_bt, entropy_bt, batch)
+
+    return loss_fn
+
+
+def _policy_gradient_loss(logp_bt, old_logp_bt, advantages_bt, mask_bt):
+    del old_logp_bt  # no ratio: the loss of `train_step.ratio_loss`'s shape that ignores pi_old
+    return losses.policy_gradient_loss(logp_bt, advantages_bt, mask_bt), ()
+
+
 def _ratio_loss(config: PolicyLossConfig) -> train_step.TokenLossFn:
-    if config.loss == "gspo":
-        return train_step.ratio_loss(losses.gspo_loss, eps_low=config.gspo_eps_low, eps_high=config.gspo_eps_high)
-    if config.loss == "dual_clip":
-        return train_step.ratio_loss(losses.dual_clip_ppo_loss, eps_low=config.eps_low, eps_high=config.eps_high,
-                                     clip_ratio_c=config.clip_ratio_c)
-    return train_step.ratio_loss(losses.ppo_clip_loss, eps_low=config.eps_low, eps_high=config.eps_high)
+    if config.loss == "clip_cov":
+        return _clip_cov_loss(config)
+    if config.loss == "gpg":
+        return train_step.ratio_loss(_policy_gradient_loss)
+    core_loss, settings = {
+        "ppo": (losses.ppo_clip_loss, dict(eps_low=config.eps_low, eps_high=config.eps_high)),
+        "dual_clip": (losses.dual_clip_ppo_loss, dict(eps_low=config.eps_low, eps_high=config.eps_high,
+                                                      clip_ratio_c=config.clip_ratio_c)),
+        "gspo": (losses.gspo_loss, dict(eps_low=config.gspo_eps_low, eps_high=config.gspo_eps_high)),
+        "gmpo": (losses.gmpo_loss, dict(eps_low=config.gmpo_eps_low, eps_high=config.gmpo_eps_high)),
+        "sapo": (losses.sapo_loss, dict(tau_pos=config.sapo_tau_pos, tau_neg=config.sapo_tau_neg)),
+        "kl_cov": (losses.kl_cov_loss, dict(kl_cov_ratio=config.kl_cov_ratio, kl_coef=config.kl_cov_coef)),
+        "cispo": (losses.cispo_loss, dict(eps_low=config.cispo_eps_low, eps_high=config.cispo_eps_high)),
+        "vespo": (losses.vespo_loss, dict(k_pos=config.vespo_k_pos, lambda_pos=config.vespo_lambda_pos,
+                                          k_neg=config.vespo_k_neg, lambda_neg=config.vespo_lambda_neg)),
+    }[config.loss]
+    return train_step.ratio_loss(core_loss, **settings)
+
+
+def _with_high_entropy_tokens(loss_fn: train_step.TokenLossFn, top_fraction: float) -> train_step.TokenLossFn:
+    """`loss_fn`'s loss kept on the high-entropy tokens only (`core.losses.high_entropy_mask`), 0 elsewhere; the
+    dropped tokens stay in the denominator. Adds the token metric "entropy_selected"."""
+
+    def selected(logp_bt, entropy_bt, batch):
+        loss_bt, metrics = loss_fn(logp_bt, entropy_bt, batch)
+        keep_bt = losses.high_entropy_mask(entropy_bt, batch["response_mask_bt"], top_fraction=top_fraction)
+        return jnp.where(keep_bt, loss_bt, 0), {**metrics, "entropy_selected": keep_bt}
+
+    return selected
 
 
 def _rollout_weights(config: PolicyLossConfig) -> train_step.WeightsFn:
@@ -173,9 +293,11 @@ def _rollout_weights(config: PolicyLossConfig) -> train_step.WeightsFn:
 
 
 def policy_loss_fn(config: PolicyLossConfig) -> train_step.TokenLossFn:
-    """The per-token loss `config` describes: the ratio loss, times the rollout-correction weights when one is
-    chosen, plus the KL penalty when kl_coef > 0."""
+    """The per-token loss `config` describes: the ratio loss, on the selected tokens only when a token selection
+    is chosen, times the rollout-correction weights when one is chosen, plus the KL penalty when kl_coef > 0."""
     loss_fn = _ratio_loss(config)
+    if config.token_selection == "high_entropy":
+        loss_fn = _with_high_entropy_tokens(loss_fn, config.entropy_top_fraction)
     if config.rollout_correction != "none":
         loss_fn = train_step.with_rollout_correction(loss_fn, _rollout_weights(config))
     if config.kl_coef > 0:
