@@ -4,7 +4,8 @@ functions; all run through the same trainer.
 base.py             the task interface, the rollout context, `Experience`, `PolicyLossConfig`, the `Algorithm`
                     base class and the host-side steps recipes compose (sample groups, merge roles' rows, judge
                     them, metrics).
-registry.py         recipes by name (`register`, `algorithm_class`, `names`).
+registry.py         recipes by name (`register`, `algorithm_class`, `names`) and their evaluation analyses
+                    (`register(name, eval_metrics=fn)`, `eval_metrics_fn`).
 rubric_grounded.py  rubric-grounded GRPO: the judge sees the grounding, weighted criteria, LOO baseline, k3 KL.
 srar.py             SRaR: step-attributed typed rubric items, step-wise normalisation, decoupled advantage.
 rlcer.py            RLCER: reasoner and rubricator roles, validity by correlation (rlcer_eval.py: RQ4's hints).

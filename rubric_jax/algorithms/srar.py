@@ -372,7 +372,7 @@ def analysis_metrics(
 # ---------------------------------------------------------------- the recipe
 
 
-@register("srar")
+@register("srar", eval_metrics=analysis_metrics)
 class SRaR(base.Algorithm):
     config_class = SRaRConfig
 

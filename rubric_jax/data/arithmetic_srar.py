@@ -135,6 +135,8 @@ def step_labels(response: str, problem: arithmetic.Problem) -> list[bool]:
 class ArithmeticSrarTask(ArithmeticTask):
     """The arithmetic task judged by its typed SRaR rubric, with step labels (module docstring)."""
 
+    eval_recipes = ("srar",)  # every evaluation on this task reports SRaR's analysis (training.evaluate)
+
     def rubric(self, example: arithmetic.Problem) -> Rubric:
         return srar_rubric(example)
 

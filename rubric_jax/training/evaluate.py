@@ -8,8 +8,13 @@ For E examples and k = `samples_per_example` samples each (greedy when temperatu
   (`core.rewards.weighted_fraction` of `typed_item_credit`: a typed rubric's PITFALL item counts when avoided;
   judge failures count 0), and "eval/rubric/<name>" per criterion;
 - "eval/response_length": the mean number of response tokens;
-- "eval/srar/...": SRaR's analysis (`algorithms.srar.analysis_metrics`): per-type scores and rates of typed
-  rubrics, the looping rate and its four criteria, and, for a task with `step_labels`, step accuracy, FRR, MTR.
+- "eval/<recipe>/...": the analyses that recipes contribute through the registry
+  (`registry.register(name, eval_metrics=fn)`), for each recipe the caller names in `recipes` (the RL trainer:
+  its algorithm) and each the task names in its `eval_recipes` attribute (a tuple of registered names; the
+  SRaR world, task arithmetic_srar, names "srar"). The task's own list is what `rubric-jax eval`, which has no
+  algorithm, and a comparison's evaluation of its SFT model and of every baseline go by, so all report the same
+  analysis. Today SRaR contributes one (`algorithms.srar.analysis_metrics`: per-type scores and rates of typed
+  rubrics, the looping rate and its four criteria, and, for a task with `step_labels`, step accuracy, FRR, MTR).
 """
 
 from typing import Any, Sequence
@@ -18,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from rubric_jax.algorithms.base import rubric_metrics
-from rubric_jax.algorithms.srar import analysis_metrics
+from rubric_jax.algorithms.registry import eval_metrics_fn
 from rubric_jax.core import rewards
 from rubric_jax.inference.engine import RolloutEngine, SamplingParams
 from rubric_jax.judges.base import Judge, JudgeRequest
@@ -37,8 +42,10 @@ def evaluate(
     *,
     max_new_tokens: int,
     seed: int,
+    recipes: Sequence[str] = (),
 ) -> dict[str, float]:
-    """The module docstring's metrics for `examples`."""
+    """The module docstring's metrics for `examples`, with the analyses of `recipes` and `task.eval_recipes`
+    (ValueError for a name no recipe is registered under)."""
     k = config.samples_per_example
     params = SamplingParams(max_new_tokens=max_new_tokens, n=k, temperature=config.temperature, seed=seed)
     samples = engine.generate([task.prompt(e) for e in examples], params)
@@ -62,6 +69,9 @@ def evaluate(
         "eval/response_length": float(np.mean([len(s.output_ids) for s in samples])),
     }
     metrics.update({f"eval/{name}": value for name, value in rubric_metrics(verdicts, rubrics).items()})
-    metrics.update({f"eval/srar/{name}": value for name, value in analysis_metrics(
-        task, owners, texts, correct.reshape(-1), verdicts, rubrics).items()})
+    for recipe in dict.fromkeys((*recipes, *getattr(task, "eval_recipes", ()))):
+        analysis = eval_metrics_fn(recipe)
+        if analysis is not None:
+            metrics.update({f"eval/{recipe}/{name}": value for name, value in analysis(
+                task, owners, texts, correct.reshape(-1), verdicts, rubrics).items()})
     return metrics

@@ -340,7 +340,8 @@ def train_rl(config: RLConfig, task: Any, *, judge=None, model=None, tokenizer=N
             if config.eval.every_steps and (step + 1) % config.eval.every_steps == 0:
                 with timer.phase("eval"):
                     metrics.update(evaluate(engine, tokenizer, task, judge, eval_examples, config.eval,
-                                            max_new_tokens=rollout.max_new_tokens, seed=config.seed))
+                                            max_new_tokens=rollout.max_new_tokens, seed=config.seed,
+                                            recipes=(config.algorithm.name,)))
             if (step + 1) % config.checkpoint.every_steps == 0 or step + 1 == config.steps:
                 with timer.phase("checkpoint"):
                     meta = {"step": step + 1, "seed": config.seed, "data_position": dataset.position,
