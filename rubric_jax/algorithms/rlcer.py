@@ -25,10 +25,15 @@ For each step (P questions, N = sampling.n reasoner rollouts each; section 4, Al
      normalised points of the question's valid rubrics that C_n meets)     core.rubric_validity.rlcer_cot_reward
      optional: DAPO's overlong penalty (Appendix A's "overlong buffer")    core.rewards.dapo_overlong_shaping
   8. rubricator: r_m = K_valid,m / K_m + format_m (eqs 10-12)              core.rubric_validity.rlcer_rubricator_reward
-  9. role-specific advantages (section 4.5): GRPO over each question's N   core.roles (role_mask, select_by_role),
-     reasoner rollouts; the rubricator's rollouts each read another CoT,   core.advantages.grpo_advantages,
-     so no GRPO group of one context exists (after eq 13): normalised      core.roles.role_batch_advantages
-     over all rubricator rollouts of the batch (configurable)
+  9. advantages (section 4.5, Table 3), by `estimator`:
+     "ppo_critic" (the paper's: PPO with a critic, critic lr 1e-5): each   core.value.last_token_rewards;
+     row's reward on its last response token; the trainer's critic gives   training.rl (Algorithm.uses_critic,
+     GAE advantages over both roles' rows (`critic` section of the run)    the run's critic section)
+     "grpo" (ablation; the paper calls GRPO unsuitable, after eq 13):      core.roles (role_mask, select_by_role),
+     role-specific advantages, GRPO over each question's N reasoner        core.advantages.grpo_advantages,
+     rollouts; the rubricator's rollouts each read another CoT, so no      core.roles.role_batch_advantages
+     GRPO group of one context exists: normalised over all rubricator
+     rollouts of the batch (reasoner_advantage, rubricator_advantage)
  10. one PPO-clip update over both roles' rows (eq 13, no KL)              base.concat_batches, base.policy_loss_fn
 
 Ablations (section 5):
@@ -68,7 +73,8 @@ Conventions:
 - Batch rows: the reasoner's P * N rows (prompt-major, N per question), then the rubricator's P * M rows
   (prompt-major, M per question), in one batch whose prompt region is the rubricator's wider one.
 - Metrics: "reward/*", "advantage/*", "response/*", "outcome/accuracy" are the reasoner's (comparable with the
-  other recipes); "rubricator/reward/*", "rubricator/advantage/*", "rubricator/length_mean"; "rlcer/corr_mean"
+  other recipes); "rubricator/reward/*", "rubricator/advantage/*", "rubricator/length_mean" (the advantages under
+  estimator "grpo"; with the critic the trainer logs "critic/*" over both roles' tokens); "rlcer/corr_mean"
   (mean corr(u_k, z), the correlation validity thresholds, over proposed rubrics where it is defined), "rlcer/valid_fraction" (eq 10 averaged
   over the parsed rubricator outputs), "rlcer/cot_reward_mean" (over judged reasoner rollouts),
   "rlcer/rubricator_format_rate", "rlcer/rubric_count_mean" (per parsed output), "rlcer/no_valid_rubric_fraction"
@@ -88,7 +94,7 @@ import numpy as np
 
 from rubric_jax.algorithms import base
 from rubric_jax.algorithms.registry import register
-from rubric_jax.core import advantages, rewards, roles, rubric_validity
+from rubric_jax.core import advantages, rewards, roles, rubric_validity, value
 from rubric_jax.judges.base import JudgeRequest, Verdicts
 from rubric_jax.rubrics import parsing, prompts
 from rubric_jax.rubrics.parsing import FailurePolicy, RubricParse
@@ -105,12 +111,14 @@ class RLCERConfig:
     may hold (a longer one is a format failure; the paper's prompt asks for 5-15); rubricators_per_question: M,
     None for one per reasoner rollout (the paper's); rubricator_max_new_tokens: the rubricator's length budget
     (None: the reasoner's); reasoner_reward / rubricator_training: the ablations (module docstring);
+    estimator: step 9's "ppo_critic" (the paper's) or "grpo" (the ablation); under "grpo",
     reasoner_advantage / rubricator_advantage: "grpo" (per question) or "batch" (per role over the batch,
-    `core.roles.role_batch_advantages`); on_judge_failure, penalty_validity, verifier_calls and
+    `core.roles.role_batch_advantages`; unused under "ppo_critic");
+    on_judge_failure, penalty_validity, verifier_calls and
     rubricator_format: module docstring;
     overlong_buffer: DAPO's soft overlong penalty on the reasoner's reward, a ramp to -1 over the last
     overlong_buffer tokens of its max_new_tokens (0: off; the paper's Table 3: 4096 of 12288); std_ddof / eps:
-    the advantages' std (1: sample std) and epsilon. The policy loss defaults to the paper's (Table 3): PPO clip
+    the "grpo" advantages' std (1: sample std) and epsilon. The policy loss defaults to the paper's (Table 3): PPO clip
     0.2, no KL."""
 
     policy_loss: base.PolicyLossConfig = base.PolicyLossConfig()
@@ -120,6 +128,7 @@ class RLCERConfig:
     rubricator_max_new_tokens: Optional[int] = None
     reasoner_reward: Literal["outcome_and_cot", "cot_only", "random_cot_only"] = "outcome_and_cot"
     rubricator_training: Literal["evolving", "format_only", "frozen"] = "evolving"
+    estimator: Literal["ppo_critic", "grpo"] = "ppo_critic"
     reasoner_advantage: Literal["grpo", "batch"] = "grpo"
     rubricator_advantage: Literal["batch", "grpo"] = "batch"
     on_judge_failure: Literal["zero_reward", "exclude"] = "zero_reward"
@@ -342,12 +351,17 @@ def rubricator_io(task: Any, config: RLCERConfig) -> tuple[Callable, Callable]:
     return task.rubricator_prompt, functools.partial(task.parse_generated_rubric, max_items=config.max_items)
 
 
-def _trained_batch(rollouts: base.Rollouts, advantage_b: np.ndarray, trained_b: np.ndarray) -> dict[str, np.ndarray]:
-    """The rollouts' learner arrays with the untrained rows' response masks off and the advantages on the tokens."""
+def _trained_batch(rollouts: base.Rollouts, row_b: np.ndarray, trained_b: np.ndarray, critic: bool
+                   ) -> dict[str, np.ndarray]:
+    """The rollouts' learner arrays with the untrained rows' response masks off and, per row, the reward on its last
+    token ("token_rewards_bt", for the critic) or the advantage on every token ("advantages_bt")."""
     batch = dict(rollouts.batch)
-    batch["response_mask_bt"] = batch["response_mask_bt"] & trained_b[:, None]
-    batch["advantages_bt"] = np.asarray(
-        advantages.broadcast_to_tokens(jnp.asarray(advantage_b), jnp.asarray(batch["response_mask_bt"])))
+    mask_bt = jnp.asarray(batch["response_mask_bt"] & trained_b[:, None])
+    batch["response_mask_bt"] = np.asarray(mask_bt)
+    if critic:
+        batch["token_rewards_bt"] = np.asarray(value.last_token_rewards(jnp.asarray(row_b), mask_bt))
+    else:
+        batch["advantages_bt"] = np.asarray(advantages.broadcast_to_tokens(jnp.asarray(row_b), mask_bt))
     return batch
 
 
@@ -358,6 +372,10 @@ class RLCER(base.Algorithm):
     @property
     def policy_loss(self) -> base.PolicyLossConfig:
         return self.config.policy_loss
+
+    @property
+    def uses_critic(self) -> bool:
+        return self.config.estimator == "ppo_critic"
 
     def experience(self, examples: Sequence[Any], context: base.RolloutContext, step: int) -> base.Experience:
         config, task = self.config, context.task
@@ -403,30 +421,35 @@ class RLCER(base.Algorithm):
         rubricator_reward_m = rubricator_rewards(np.asarray(scores.valid_pk).reshape(len(read), config.max_items),
                                                  table.mask_pk.reshape(len(read), config.max_items), format_m,
                                                  config.rubricator_training)
-        # 9: role-specific advantages over both roles' rows.
+        # 9: the critic's rewards, or role-specific advantages over both roles' rows.
         reasoner_trained_b = np.ones(len(correct_b), bool)
         if config.on_judge_failure == FailurePolicy.EXCLUDE.value:
             reasoner_trained_b = judged_pn.reshape(-1)
         rubricator_trained_m = np.full(len(read), config.rubricator_training != "frozen")
-        advantage_b = role_advantages(
-            np.concatenate([reasoner_reward_b, rubricator_reward_m]),
-            np.repeat([REASONER, RUBRICATOR], [len(correct_b), len(read)]),
-            np.concatenate([reasoner.group_ids, np.asarray(read) // num_rollouts]),
-            np.concatenate([reasoner_trained_b, rubricator_trained_m]),
-            (config.reasoner_advantage, config.rubricator_advantage), std_ddof=config.std_ddof, eps=config.eps)
-        reasoner_advantage_b, rubricator_advantage_m = advantage_b[:len(correct_b)], advantage_b[len(correct_b):]
+        if self.uses_critic:
+            reasoner_row_b, rubricator_row_m, metrics = reasoner_reward_b, rubricator_reward_m, {}
+        else:
+            advantage_b = role_advantages(
+                np.concatenate([reasoner_reward_b, rubricator_reward_m]),
+                np.repeat([REASONER, RUBRICATOR], [len(correct_b), len(read)]),
+                np.concatenate([reasoner.group_ids, np.asarray(read) // num_rollouts]),
+                np.concatenate([reasoner_trained_b, rubricator_trained_m]),
+                (config.reasoner_advantage, config.rubricator_advantage), std_ddof=config.std_ddof, eps=config.eps)
+            reasoner_row_b, rubricator_row_m = advantage_b[:len(correct_b)], advantage_b[len(correct_b):]
+            metrics = {**base.summary_stats("advantage", reasoner_row_b, reasoner_trained_b),
+                       **base.summary_stats("rubricator/advantage", rubricator_row_m, rubricator_trained_m)}
         # 10: one batch over both roles (the frozen rubricator's rows left out).
-        parts = [(_trained_batch(reasoner, reasoner_advantage_b, reasoner_trained_b), reasoner.prompt_width)]
+        parts = [(_trained_batch(reasoner, reasoner_row_b, reasoner_trained_b, self.uses_critic),
+                  reasoner.prompt_width)]
         if config.rubricator_training != "frozen":
-            parts.append((_trained_batch(rubricator, rubricator_advantage_m, rubricator_trained_m),
+            parts.append((_trained_batch(rubricator, rubricator_row_m, rubricator_trained_m, self.uses_critic),
                           rubricator.prompt_width))
         batch, prompt_width = base.concat_batches(parts, context.pad_id)
         rubricator_lengths = np.array([len(s.output_ids) for s in rubricator.samples], np.float64)
         metrics = {
+            **metrics,
             **base.summary_stats("reward", reasoner_reward_b),
-            **base.summary_stats("advantage", reasoner_advantage_b, reasoner_trained_b),
             **base.summary_stats("rubricator/reward", rubricator_reward_m),
-            **base.summary_stats("rubricator/advantage", rubricator_advantage_m, rubricator_trained_m),
             **base.rollout_metrics(reasoner, correct_b),
             **rlcer_metrics(table, scores, judged_pn, judgements.verdicts),
             "rubricator/length_mean": float(rubricator_lengths.mean()),

@@ -121,7 +121,9 @@ class RecordingJudge(Judge):
         return verdicts
 
 
-def world_step(config=RLCERConfig(), *, judge=None, rubrics=RUBRICATOR_TEXTS, tokenizer=None):
+def world_step(config=RLCERConfig(estimator="grpo"), *, judge=None, rubrics=RUBRICATOR_TEXTS, tokenizer=None):
+    # The tests of this file check advantages by hand, so they run the GRPO estimator (the recipe's ablation);
+    # the paper's ppo_critic (token rewards for the trainer's critic) is tested in tests/training/test_critic.py.
     task = build_task("arithmetic_rubrics", {}, 0)
     tokenizer = tokenizer or task.tokenizer()
     engine = ScriptedEngine(tokenizer, world_script(rubrics))
@@ -175,7 +177,7 @@ def test_a_world_step_by_hand():
 
 
 def test_fewer_rubricators_read_the_first_cots_of_each_question():
-    result, engine = world_step(RLCERConfig(rubricators_per_question=2, rubricator_max_new_tokens=24))
+    result, engine = world_step(RLCERConfig(estimator="grpo", rubricators_per_question=2, rubricator_max_new_tokens=24))
     # A's rubrics come from the gold and repeated CoTs: S1, WS and EV valid (+3, -3, +1), as with all four.
     reasoner = np.concatenate([np.array([1, 1, -1, -1]) + COT_A, [1, 1, 1, 1]])
     rubricator = np.array([2, 1.5, 1, 1])
@@ -183,18 +185,19 @@ def test_fewer_rubricators_read_the_first_cots_of_each_question():
                                                         numpy_batch_normalised(rubricator, np.ones(4, bool))]))
     assert engine.calls[1][1] == SamplingParams(max_new_tokens=24, n=1, seed=engine.calls[1][1].seed)
     with pytest.raises(ValueError, match="rubricators_per_question"):
-        world_step(RLCERConfig(rubricators_per_question=5))
+        world_step(RLCERConfig(estimator="grpo", rubricators_per_question=5))
 
 
 def test_alpha_decides_validity():
-    strict, _ = world_step(RLCERConfig(alpha=0.6))  # EV and RP (corr 0.58) drop out: only S1 (+3) is valid
+    # EV and RP (corr 0.58) drop out: only S1 (+3) is valid
+    strict, _ = world_step(RLCERConfig(estimator="grpo", alpha=0.6))
     reasoner = np.concatenate([np.array([1, 1, -1, -1]) + np.array([1, 1, 0, 0]), [1, 1, 1, 1]])
     assert strict.metrics["reward/mean"] == pytest.approx(reasoner.mean())
     assert strict.metrics["rlcer/valid_fraction"] == pytest.approx(0.5 / 7)
 
 
 def test_penalty_rubrics_validated_as_eq_7_is_written():
-    written, _ = world_step(RLCERConfig(penalty_validity="as_written"))
+    written, _ = world_step(RLCERConfig(estimator="grpo", penalty_validity="as_written"))
     # v itself: WS [0,0,1,0] corr -0.58 invalid (the useful "wrong result" penalty), RP [0,1,0,0] corr 0.58 valid
     # (a flaw that came with a right answer). Valid: S1 +3, EV +1, RP -3 (min -3, max 4); x = 4, 1, 1, 0.
     reasoner = np.concatenate([np.array([1, 1, -1, -1]) + np.array([7, 4, 4, 3]) / 7, [1, 1, 1, 1]])
@@ -211,7 +214,7 @@ def test_penalty_rubrics_validated_as_eq_7_is_written():
 
 def test_rubric_only_drops_the_outcome_term_and_nothing_else():
     full, _ = world_step()
-    cot_only, _ = world_step(RLCERConfig(reasoner_reward="cot_only"))
+    cot_only, _ = world_step(RLCERConfig(estimator="grpo", reasoner_reward="cot_only"))
     reasoner = np.concatenate([COT_A, [0, 0, 0, 0]])
     expected = np.concatenate([numpy_grpo(reasoner, 4), row_values(full.batch, full.prompt_width)[8:]])
     assert_row_advantages(cot_only.batch, expected)
@@ -222,8 +225,8 @@ def test_rubric_only_drops_the_outcome_term_and_nothing_else():
 
 def test_random_rubric_reward_ignores_the_rubrics():
     full, _ = world_step()
-    random, _ = world_step(RLCERConfig(reasoner_reward="random_cot_only"))
-    again, _ = world_step(RLCERConfig(reasoner_reward="random_cot_only"))
+    random, _ = world_step(RLCERConfig(estimator="grpo", reasoner_reward="random_cot_only"))
+    again, _ = world_step(RLCERConfig(estimator="grpo", reasoner_reward="random_cot_only"))
     assert 0 <= random.metrics["reward/min"] and random.metrics["reward/max"] < 1
     assert random.metrics["reward/mean"] == again.metrics["reward/mean"]  # a function of (seed, step)
     np.testing.assert_array_equal(row_values(random.batch, random.prompt_width)[8:],
@@ -233,7 +236,7 @@ def test_random_rubric_reward_ignores_the_rubrics():
 
 def test_without_evolving_rewards_the_rubricator_for_its_format_only():
     full, _ = world_step()
-    format_only, _ = world_step(RLCERConfig(rubricator_training="format_only"))
+    format_only, _ = world_step(RLCERConfig(estimator="grpo", rubricator_training="format_only"))
     fmt = np.array([1, 1, 0, 1, 1, 1, 1, 1], np.float64)
     expected = np.concatenate([row_values(full.batch, full.prompt_width)[:8],
                                numpy_batch_normalised(fmt, np.ones(8, bool))])
@@ -244,7 +247,7 @@ def test_without_evolving_rewards_the_rubricator_for_its_format_only():
 
 def test_a_frozen_rubricator_leaves_the_update_but_its_rubrics_are_used():
     full, _ = world_step()
-    frozen, _ = world_step(RLCERConfig(rubricator_training="frozen"))
+    frozen, _ = world_step(RLCERConfig(estimator="grpo", rubricator_training="frozen"))
     assert frozen.batch["tokens_bt"].shape[0] == 8 and frozen.prompt_width < full.prompt_width
     np.testing.assert_allclose(row_values(frozen.batch, frozen.prompt_width),
                                row_values(full.batch, full.prompt_width)[:8], atol=1e-6)
@@ -254,7 +257,7 @@ def test_a_frozen_rubricator_leaves_the_update_but_its_rubrics_are_used():
 
 
 def test_advantage_estimators_per_role_are_switchable():
-    swapped, _ = world_step(RLCERConfig(reasoner_advantage="batch", rubricator_advantage="grpo"))
+    swapped, _ = world_step(RLCERConfig(estimator="grpo", reasoner_advantage="batch", rubricator_advantage="grpo"))
     expected = np.concatenate([numpy_batch_normalised(REASONER_REWARD, np.ones(8, bool)),
                                numpy_grpo(RUBRICATOR_REWARD, 4)])
     assert_row_advantages(swapped.batch, expected)
@@ -262,7 +265,7 @@ def test_advantage_estimators_per_role_are_switchable():
 
 def test_the_overlong_buffer_penalises_long_reasoner_responses_only():
     full, _ = world_step()
-    shaped, engine = world_step(RLCERConfig(overlong_buffer=32))
+    shaped, engine = world_step(RLCERConfig(estimator="grpo", overlong_buffer=32))
     lengths = np.array([len(engine.tokenizer.encode(t, add_special_tokens=False)) + 1
                         for q in (PROBLEM_A, PROBLEM_B) for t in REASONER_TEXTS[q.question]])
     penalty = np.clip((lengths - (64 - 32)) / 32, 0, None)  # a ramp over the last 32 of 64 tokens
@@ -271,7 +274,7 @@ def test_the_overlong_buffer_penalises_long_reasoner_responses_only():
     np.testing.assert_array_equal(row_values(shaped.batch, shaped.prompt_width)[8:],
                                   row_values(full.batch, full.prompt_width)[8:])
     with pytest.raises(ValueError, match="overlong_buffer"):
-        world_step(RLCERConfig(overlong_buffer=64))
+        world_step(RLCERConfig(estimator="grpo", overlong_buffer=64))
 
 
 # ---------------------------------------------------------------- failures
@@ -280,7 +283,7 @@ def test_the_overlong_buffer_penalises_long_reasoner_responses_only():
 @pytest.mark.parametrize("policy_name", ["zero_reward", "exclude"])
 def test_a_failed_judgement_is_counted_and_its_rollout_takes_no_part_in_validity(policy_name):
     wrong_a_fails = failing_on("16", WORLD_CHECKS)
-    result, _ = world_step(RLCERConfig(on_judge_failure=policy_name), judge=wrong_a_fails)
+    result, _ = world_step(RLCERConfig(estimator="grpo", on_judge_failure=policy_name), judge=wrong_a_fails)
     metrics = result.metrics
     # 28 requests (A: 4 rollouts x 3 parsed lists, B: 4 x 4); WRONG_A's three failed.
     assert metrics["judge/failure_rate"] == 3 / 28 and metrics["judge/failed/check_raised"] == 3
@@ -309,7 +312,7 @@ def test_the_verifier_judges_one_rubricator_list_per_request():
     assert {r.question for r in requests[:12]} == {PROBLEM_A.question}
     # The pooled call (one request per rollout, every list of its question) gives the same step when none fails.
     judge = RecordingJudge(build_task("arithmetic_rubrics", {}, 0).judge())
-    pooled, _ = world_step(RLCERConfig(verifier_calls="pooled"), judge=judge)
+    pooled, _ = world_step(RLCERConfig(estimator="grpo", verifier_calls="pooled"), judge=judge)
     [(requests, _)] = judge.calls
     assert [r.response for r in requests] == [*REASONER_TEXTS[PROBLEM_A.question], *REASONER_TEXTS[PROBLEM_B.question]]
     assert rubric_text(requests[0].rubric.criteria) == "\n".join(lists_a)
@@ -320,7 +323,7 @@ def test_the_verifier_judges_one_rubricator_list_per_request():
 def test_a_failed_request_makes_its_list_unknown_for_that_rollout_only(policy_name):
     # The checks of S1 and WS (GOLD_A's rubricator's list) raise on GUESS_A ("15"): that one request fails.
     judge = failing_on("15", WORLD_CHECKS, names={"S1", "WS"})
-    result, _ = world_step(RLCERConfig(on_judge_failure=policy_name), judge=judge)
+    result, _ = world_step(RLCERConfig(estimator="grpo", on_judge_failure=policy_name), judge=judge)
     assert result.metrics["judge/failure_rate"] == 1 / 28 and result.metrics["judge/failed/check_raised"] == 1
     # S1 and WS are correlated over GOLD, REPEATED, WRONG (z = [1, 1, 0]): S1 [1,1,0], WS u = [1,1,0], both
     # valid; EV, FM, RP over all four as in the step by hand. Valid S1 +3, WS -3, EV +1, as there; GUESS_A is
@@ -330,7 +333,8 @@ def test_a_failed_request_makes_its_list_unknown_for_that_rollout_only(policy_na
         numpy_grpo(reasoner, 4), numpy_batch_normalised(RUBRICATOR_REWARD, np.ones(8, bool))]))
     # Pooled, the one request of GUESS_A fails: every verdict on it is unknown, a failed judgement. Over GOLD,
     # REPEATED, WRONG: S1 and WS valid, EV [1,1,1] constant: valid S1 +3, WS -3 (min -3, max 3): 1, 1, 0.
-    pooled, _ = world_step(RLCERConfig(on_judge_failure=policy_name, verifier_calls="pooled"), judge=judge)
+    pooled, _ = world_step(RLCERConfig(estimator="grpo", on_judge_failure=policy_name, verifier_calls="pooled"),
+                           judge=judge)
     assert pooled.metrics["judge/failure_rate"] == 1 / 8
     reasoner = np.concatenate([np.array([1, 1, -1, -1]) + np.array([1, 1, 0, 0]), [1, 1, 1, 1]])
     valid = np.array([True, True, True, policy_name == "zero_reward"] + [True] * 4)
@@ -365,7 +369,7 @@ def test_the_papers_rubricator_format_needs_current_score_below_the_midpoint():
                GOLD_B: paper_rubric({"S1": 3}, maximum_score=3, minimum_score=0, current_score=0)}
     tokenizer = arithmetic.build_tokenizer()
     tokenizer.add_tokens(["–"])  # Figure 9's "question–answer": one character beyond the world's ASCII
-    config = RLCERConfig(rubricator_format="paper", rubricator_max_new_tokens=256)
+    config = RLCERConfig(estimator="grpo", rubricator_format="paper", rubricator_max_new_tokens=256)
     result, engine = world_step(config, judge=ByTextJudge(), rubrics=rubrics, tokenizer=tokenizer)
     assert engine.calls[1][0][0] == prompts.rubricator_prompt(PROBLEM_A.question, GOLD_A)  # Figure 9
     metrics = result.metrics
@@ -558,7 +562,7 @@ def test_an_embedded_step_matches_numpy_from_the_verdicts(hashed):
     engine = RecordingEngine(context.engine)
     context = dataclasses.replace(context, engine=engine)
     examples = task.train_stream(0).next_batch(3)
-    result = RLCER(RLCERConfig(max_items=4)).experience(examples, context, step=0)
+    result = RLCER(RLCERConfig(estimator="grpo", max_items=4)).experience(examples, context, step=0)
     (_, reasoner_samples), (_, rubricator_samples) = engine.calls
     reasoner_texts = [response_text(tokenizer, s.output_ids) for s in reasoner_samples]
     correct = np.array([task.is_correct(t, None) for t in reasoner_texts])
@@ -602,7 +606,7 @@ def test_one_training_step_end_to_end(tmp_path, hashed):
     task, _, _ = hashed
     config = tiny_rl_config(tmp_path, model=ModelSpec(init=WIDE), seed=5,
                             rollout=RolloutConfig(prompts_per_step=3, group_size=4, max_new_tokens=16),
-                            algorithm=AlgorithmSpec(name="rlcer", params={"max_items": 4,
+                            algorithm=AlgorithmSpec(name="rlcer", params={"max_items": 4, "estimator": "grpo",
                                                                           "rubricator_max_new_tokens": 12}))
     last = train_rl(config, task)
     [line] = read_metrics(tmp_path / "run" / "metrics.jsonl")

@@ -1,19 +1,23 @@
 """PPO with a critic in the trainer: GAE advantages from the critic's values (against verl's loops), the critic's
 metrics, its own optimizer and learning rate, its params and optimizer state in the checkpoint, and the `critic`
-config section's validation. (Kill-and-resume with a critic: tests/training/test_resume.py.)"""
+config section's validation; RLCER with its paper's estimator, ppo_critic. (Kill-and-resume with a critic:
+tests/training/test_resume.py.)"""
 
 import math
 
 import numpy as np
 import pytest
 
+from rubric_jax.algorithms.rlcer import RLCER, RLCERConfig
 from rubric_jax.training import policy
 from rubric_jax.training.checkpoint import Checkpointer
 from rubric_jax.training.metrics import read_metrics
 from rubric_jax.training.optim import OptimizerConfig
 from rubric_jax.training.rl import critic_advantages, train_rl
-from rubric_jax.training.run_config import AlgorithmSpec, CriticConfig, LearnerConfig, RLConfig
+from rubric_jax.training.run_config import (
+    AlgorithmSpec, CriticConfig, LearnerConfig, ModelSpec, RLConfig, RolloutConfig)
 from rubric_jax.yaml_config import config_from_dict
+from tests.algorithms.test_rlcer import WIDE, hashed, world_step  # noqa: F401  (hashed: a fixture)
 from tests.core import reference_value as ref
 from tests.training import critic_recipe  # noqa: F401  (registers "toy_critic")
 from tests.training.test_rl import tiny_rl_config
@@ -99,3 +103,45 @@ def test_the_critic_sections_defaults_are_verls_and_a_partial_optimizer_keeps_th
     assert config.critic.optimizer.learning_rate == 1e-5 and config.critic.optimizer.warmup_steps == 10
     assert (config.critic.value_clip, config.critic.gamma, config.critic.lam) == (0.5, 1.0, 1.0)
     assert config.critic.whiten_advantages
+
+
+# ---------------------------------------------------------------- RLCER with the critic (its paper's estimator)
+
+
+def test_rlcers_critic_estimator_hands_each_rows_reward_on_its_last_token():
+    critic, _ = world_step(RLCERConfig())
+    ablation, _ = world_step(RLCERConfig(estimator="grpo"))
+    assert RLCER(RLCERConfig()).uses_critic and not RLCER(RLCERConfig(estimator="grpo")).uses_critic
+    assert "advantages_bt" not in critic.batch and "token_rewards_bt" not in ablation.batch
+    mask = critic.batch["response_mask_bt"]
+    np.testing.assert_array_equal(mask, ablation.batch["response_mask_bt"])
+    rewards = critic.batch["token_rewards_bt"]
+    last = mask.shape[1] - 1 - np.argmax(mask[:, ::-1], axis=1)
+    off_last = np.ones(mask.shape, bool)
+    off_last[np.arange(len(last)), last] = False
+    assert np.all(rewards[off_last] == 0)
+    # The same rollouts and rewards as the GRPO ablation: 8 reasoner rows, then 8 rubricator rows.
+    row_rewards = rewards.sum(axis=1)
+    assert row_rewards[:8].mean() == pytest.approx(ablation.metrics["reward/mean"], abs=1e-6)
+    assert row_rewards[8:].mean() == pytest.approx(ablation.metrics["rubricator/reward/mean"], abs=1e-6)
+    assert np.std(row_rewards[:8]) > 0 and np.std(row_rewards[8:]) > 0
+    assert "advantage/mean" not in critic.metrics and "advantage/mean" in ablation.metrics
+
+
+def test_rlcer_trains_with_its_critic_end_to_end(tmp_path, hashed):
+    task, _, _ = hashed
+    config = tiny_rl_config(tmp_path, model=ModelSpec(init=WIDE), seed=5, steps=2,
+                            rollout=RolloutConfig(prompts_per_step=3, group_size=4, max_new_tokens=16),
+                            critic=CriticConfig(optimizer=OptimizerConfig(learning_rate=1e-3)),
+                            algorithm=AlgorithmSpec(name="rlcer", params={"max_items": 4,
+                                                                          "rubricator_max_new_tokens": 12}))
+    train_rl(config, task)
+    lines = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert [line["step"] for line in lines] == [1, 2]
+    for line in lines:
+        assert {"critic/loss", "critic/explained_variance", "critic/advantage/std", "rlcer/valid_fraction",
+                "rubricator/reward/mean", "train/loss"} <= line.keys()
+        assert all(math.isfinite(v) for v in line.values())
+        assert line["train/grad_norm"] > 0 and line["critic/grad_norm"] > 0
+    # One update per step: step 1's update saw the zero-initialised head, step 2's a trained critic.
+    assert lines[0]["critic/value_mean"] == 0 and lines[1]["critic/value_mean"] != 0
