@@ -31,11 +31,12 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from experiments.comparison import CONFIGS, Variant, comparison_parser, eval_samples, load_configs, run_comparison
+from rubric_jax.algorithms.rlcer import RLCERConfig, rubricator_io
 from rubric_jax.algorithms.rlcer_eval import hint_evaluation
 from rubric_jax.data.tasks import build_task
 from rubric_jax.quickstart import embedded_engine_from
 from rubric_jax.training.run_config import AlgorithmSpec, RLConfig
-from rubric_jax.yaml_config import load_config
+from rubric_jax.yaml_config import config_from_dict, load_config
 
 TITLE = "RLCER vs outcome-only GRPO and its ablations (rubric world, CPU)"
 RLCER_KEYS = ["rlcer/corr_mean", "rlcer/valid_fraction", "rlcer/cot_reward_mean", "rlcer/rubricator_format_rate"]
@@ -68,7 +69,7 @@ def hint_eval(model_dir: Path, task: Any, config: RLConfig, seed: int, *, rlcer_
                            samples_per_example=config.eval.samples_per_example, temperature=config.eval.temperature,
                            max_new_tokens=config.rollout.max_new_tokens,
                            rubricator_max_new_tokens=rlcer_params["rubricator_max_new_tokens"],
-                           max_items=rlcer_params["max_items"], seed=seed)
+                           rubricator=rubricator_io(task, config_from_dict(RLCERConfig, rlcer_params)), seed=seed)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> dict:

@@ -2,8 +2,9 @@
 
 For each held-out question (k = samples_per_example):
   1. k answers to the plain prompt                                       the "no hint" accuracy
-  2. the rubricator reads (question, the first of those answers) and     Task.rubricator_prompt,
-     writes one rubric, parsed and validated                             Task.parse_generated_rubric
+  2. the rubricator reads (question, the first of those answers) and     rlcer.rubricator_io: the run's
+     writes one rubric, parsed and validated                             rubricator_format (the paper's
+                                                                         prompt and parser, or the task's)
   3. k answers to the hint prompt: the plain prompt with the rubric      hint_messages
      appended, one line per criterion; a rubric that does not parse
      gives no hint (the plain prompt is asked again), counted
@@ -14,7 +15,7 @@ world's codes: "+3 S1", the lines its rubricator writes) and its text otherwise 
 criteria).
 """
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -62,20 +63,23 @@ def hint_evaluation(
     temperature: float,
     max_new_tokens: int,
     rubricator_max_new_tokens: int,
-    max_items: int,
+    rubricator: tuple[Callable, Callable],
     seed: int,
 ) -> dict[str, float]:
-    """The module docstring's metrics for `examples` (a task with `rubricator_prompt` and
-    `parse_generated_rubric`, e.g. "arithmetic_rubrics"), sampled at `temperature` (0: greedy)."""
+    """The module docstring's metrics for `examples`, sampled at `temperature` (0: greedy). `rubricator` is the
+    (prompt(example, cot) -> messages, parse(text) -> RubricParse) pair of the RLCER run being evaluated
+    (`rlcer.rubricator_io(task, config)`), so that the hints come from the rubric format the policy was trained
+    to write."""
+    rubricator_prompt, parse_rubric = rubricator
     k = samples_per_example
     answer = SamplingParams(max_new_tokens=max_new_tokens, n=k, temperature=temperature)
     plain = [task.prompt(e) for e in examples]
     plain_correct, texts = _correct(engine, tokenizer, task, plain, examples,
                                     _seeded(answer, seed, PLAIN_STREAM))
-    rubricator = SamplingParams(max_new_tokens=rubricator_max_new_tokens, n=1, temperature=temperature)
-    written = engine.generate([task.rubricator_prompt(e, texts[i * k]) for i, e in enumerate(examples)],
-                              _seeded(rubricator, seed, RUBRICATOR_STREAM))
-    parses = [task.parse_generated_rubric(response_text(tokenizer, s.output_ids), max_items) for s in written]
+    rubricator_params = SamplingParams(max_new_tokens=rubricator_max_new_tokens, n=1, temperature=temperature)
+    written = engine.generate([rubricator_prompt(e, texts[i * k]) for i, e in enumerate(examples)],
+                              _seeded(rubricator_params, seed, RUBRICATOR_STREAM))
+    parses = [parse_rubric(response_text(tokenizer, s.output_ids)) for s in written]
     hinted = [hint_messages(prompt, p.rubric) if p.ok else prompt for prompt, p in zip(plain, parses)]
     hint_correct, _ = _correct(engine, tokenizer, task, hinted, examples, _seeded(answer, seed, HINT_STREAM))
     return {

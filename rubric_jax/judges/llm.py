@@ -181,8 +181,9 @@ def grounded_format(max_grounding_chars: Optional[int] = None) -> RolloutFormat:
 
 
 def rlcer_verifier_format() -> RolloutFormat:
-    """RLCER's verifier (rlcer.txt, Appendix B, Figure 10): a binary judgement of every rubric of the question
-    on one rollout, in one call."""
+    """RLCER's verifier (rlcer.txt, Appendix B, Figure 10): a binary judgement of every rubric of the request on
+    one rollout, in one call. The RLCER recipe sends one rubricator's list per call by default (the verifier was
+    distilled on one list at a time) and all of the question's lists in one call with verifier_calls "pooled"."""
     return RolloutFormat(
         messages=lambda r: prompts.verifier_prompt(r.question, r.response, r.rubric),
         schema=lambda r: parsing.rlcer_verifier_schema(len(r.rubric.criteria)),

@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rubric_jax.algorithms.base import RolloutContext
-from rubric_jax.algorithms.rlcer import RLCER, RLCERConfig, question_scores, role_advantages
+from rubric_jax.algorithms.rlcer import RLCER, RLCERConfig, question_scores, role_advantages, rubricator_io
 from rubric_jax.algorithms.rlcer_eval import hint_evaluation, hint_lines
 from rubric_jax.data import arithmetic
 from rubric_jax.data.rubric_world import rubric_text
@@ -417,7 +417,8 @@ def test_hint_evaluation_asks_again_with_the_parsed_rubric_appended():
 
     engine = ScriptedEngine(task.tokenizer(), script)
     metrics = hint_evaluation(engine, task.tokenizer(), task, [PROBLEM_A, PROBLEM_B], samples_per_example=2,
-                              temperature=1.0, max_new_tokens=64, rubricator_max_new_tokens=16, max_items=4, seed=0)
+                              temperature=1.0, max_new_tokens=64, rubricator_max_new_tokens=16,
+                              rubricator=rubricator_io(task, RLCERConfig(max_items=4)), seed=0)
     assert metrics == {"eval/no_hint_accuracy": 0.0, "eval/no_hint_pass@2": 0.0, "eval/hint_accuracy": 0.5,
                        "eval/hint_pass@2": 0.5, "eval/hint_rubric_format_rate": 0.5}
     (plain, _), (rubricator, params), (hinted, _) = engine.calls
