@@ -101,13 +101,14 @@ def _rl_config(variant: Variant, model_path: Path, out: Path, seed: int, args: a
     steps = SMOKE_RL_STEPS if args.smoke else args.steps or config.steps
     return dataclasses.replace(
         config, output_dir=str(out / variant.name / f"seed{seed}"), seed=seed, steps=steps,
-        model=ModelSpec(path=str(model_path)), eval=_eval_config(config.eval, args),
+        model=ModelSpec(path=str(model_path), chat_template_kwargs=config.model.chat_template_kwargs),
+        eval=_eval_config(config.eval, args),
         checkpoint=CheckpointConfig(every_steps=min(config.checkpoint.every_steps, steps), keep=1))
 
 
 def _evaluate(model_dir: Path, task: Any, config: RLConfig, seed: int, extra_eval) -> dict[str, float]:
     metrics = evaluate_directory(model_dir, task, config.eval, max_new_tokens=config.rollout.max_new_tokens,
-                                 seed=seed)
+                                 seed=seed, chat_template_kwargs=config.model.chat_template_kwargs)
     if extra_eval is not None:
         metrics.update(extra_eval(model_dir, task, config, seed))
     return metrics

@@ -68,6 +68,16 @@ def _config_command(subparsers, name: str, help_text: str, default: Optional[str
     return parser
 
 
+def _template_kwargs(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r} ({error.msg})") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="rubric-jax", description=DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -99,6 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
     evaluate.add_argument("--max-new-tokens", type=_positive_int, default=64)
     evaluate.add_argument("--seed", type=int, default=0)
+    evaluate.add_argument("--chat-template-kwargs", type=_template_kwargs, default={}, metavar="JSON",
+                          help='the chat template\'s variables, e.g. \'{"enable_thinking": false}\' (Qwen3 '
+                               "non-thinking mode)")
     evaluate.add_argument("--output", help="also write the metrics to this JSON file")
     parser.commands = subparsers.choices
     return parser
@@ -219,7 +232,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     else:
         from rubric_jax.quickstart import evaluate_directory  # noqa: PLC0415
 
-        metrics = evaluate_directory(args.model, task, config, max_new_tokens=args.max_new_tokens, seed=args.seed)
+        metrics = evaluate_directory(args.model, task, config, max_new_tokens=args.max_new_tokens, seed=args.seed,
+                                     chat_template_kwargs=args.chat_template_kwargs)
         text = json.dumps(metrics, indent=2)
         print(text)
         if args.output:

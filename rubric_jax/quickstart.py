@@ -13,7 +13,7 @@ Everything is seeded by `seed`; both runs resume from their checkpoints when the
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping, Optional
 
 from rubric_jax.data.tasks import build_task
 from rubric_jax.inference.embedded import EmbeddedEngine
@@ -29,16 +29,20 @@ from rubric_jax.yaml_config import save_config
 HEADLINE = ("eval/accuracy", "eval/rubric_score")
 
 
-def embedded_engine_from(model_dir: Path, seed: int) -> tuple[EmbeddedEngine, Any]:
+def embedded_engine_from(model_dir: Path, seed: int, chat_template_kwargs: Optional[Mapping[str, Any]] = None
+                         ) -> tuple[EmbeddedEngine, Any]:
     """An embedded engine serving the Hugging Face policy saved in `model_dir`, and its tokenizer."""
     model, tokenizer = load_hf_checkpoint(model_dir), load_tokenizer(model_dir)
     eos_ids, pad_id = policy.eos_and_pad(tokenizer)
-    return EmbeddedEngine(model, tokenizer=tokenizer, eos_token_ids=eos_ids, pad_id=pad_id, seed=seed), tokenizer
+    return EmbeddedEngine(model, tokenizer=tokenizer, chat_template_kwargs=chat_template_kwargs,
+                          eos_token_ids=eos_ids, pad_id=pad_id, seed=seed), tokenizer
 
 
-def evaluate_directory(model_dir: Path, task: Any, config: EvalConfig, *, max_new_tokens: int, seed: int):
-    """Held-out metrics of the Hugging Face policy in `model_dir` on the task's eval set."""
-    engine, tokenizer = embedded_engine_from(model_dir, seed)
+def evaluate_directory(model_dir: Path, task: Any, config: EvalConfig, *, max_new_tokens: int, seed: int,
+                       chat_template_kwargs: Optional[Mapping[str, Any]] = None):
+    """Held-out metrics of the Hugging Face policy in `model_dir` on the task's eval set, its prompts rendered
+    with `chat_template_kwargs`."""
+    engine, tokenizer = embedded_engine_from(model_dir, seed, chat_template_kwargs)
     return evaluate(engine, tokenizer, task, task.judge(), task.eval_examples(config.num_examples), config,
                     max_new_tokens=max_new_tokens, seed=seed)
 

@@ -33,7 +33,8 @@ def test_sft_then_eval_from_the_command_line(tmp_path, capsys):
 
     output = tmp_path / "eval.json"
     assert cli.main(["eval", str(tmp_path / "sft" / "model"), "--examples", "4", "--samples", "2",
-                     "--temperature", "1.0", "--max-new-tokens", "16", "--output", str(output)]) == 0
+                     "--temperature", "1.0", "--max-new-tokens", "16", "--output", str(output),
+                     "--chat-template-kwargs", '{"enable_thinking": false}']) == 0
     metrics = json.loads(output.read_text())
     assert json.loads(capsys.readouterr().out) == metrics
     assert {"eval/accuracy", "eval/pass@2", "eval/rubric_score", "eval/rubric/arithmetic.step1"} <= metrics.keys()
@@ -134,6 +135,9 @@ BAD_INPUTS = {
         (["{tmp}/complete", "--task", "nope"], "unknown task 'nope'"),
         (["{tmp}/complete", "--output", "{tmp}"], "--output {tmp} is a directory"),
         (["{tmp}/complete", "--output", "{tmp}/missing/m.json"], "the directory {tmp}/missing does not exist"),
+        (["{tmp}/complete", "--chat-template-kwargs", "enable_thinking=false"],
+         "argument --chat-template-kwargs: expected a JSON object, got 'enable_thinking=false'"),
+        (["{tmp}/complete", "--chat-template-kwargs", "[1]"], "argument --chat-template-kwargs: expected a JSON object"),
     ],
 }
 

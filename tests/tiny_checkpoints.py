@@ -22,10 +22,13 @@ VOCAB_SIZE = 320
 TOKENIZER_VOCAB_SIZE = 300
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 PAD_ID, IM_START_ID, IM_END_ID = 0, 1, 2  # the BPE trainer numbers special tokens first
+# Qwen3's template reads `enable_thinking`: false opens the assistant turn with an empty think block.
 CHAT_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
-    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}{% endif %}"
 )
+EMPTY_THINK_BLOCK = "<think>\n\n</think>\n\n"
 _CORPUS = [
     "The rubric awards two points for a correct final answer and one point for showing each step.",
     "### Step 1: add the numbers. ### Step 2: check the sum. The answer is 42.",

@@ -64,6 +64,7 @@ class RolloutContext:
     (`sampling.n` is the group size G), the run's seed, and a timer whose `phase(name)` contexts time generation
     and judging.
 
+    chat_template_kwargs: the chat template's variables for every prompt rendered here (`ModelSpec`'s).
     max_prompt_tokens / prompt_truncation: the cap every `sample_groups` call applies to its prompts
     (`truncate_prompt`; None: no cap). frozen_engine: an engine serving the initial weights that never receives
     a weight update, for a role played by an unoptimised model (the trainer makes one when the recipe's
@@ -79,6 +80,7 @@ class RolloutContext:
     pad_id: int
     seed: int
     timer: Any
+    chat_template_kwargs: dict = dataclasses.field(default_factory=dict)
     max_prompt_tokens: Optional[int] = None
     prompt_truncation: Literal["error", "left", "right", "middle"] = "middle"
     frozen_engine: Optional[RolloutEngine] = None
@@ -430,7 +432,7 @@ def sample_groups(prompts: Sequence[Any], context: RolloutContext, step: int, *,
     seed = int(np.random.SeedSequence(entropy).generate_state(1)[0] >> 1)
     params = dataclasses.replace(context.sampling, seed=seed)
     prompts = list(prompts)
-    prompt_ids = [prompt_token_ids(prompt, context.tokenizer) for prompt in prompts]
+    prompt_ids = [prompt_token_ids(prompt, context.tokenizer, context.chat_template_kwargs) for prompt in prompts]
     recorded = context.prompt_metrics
     recorded["prompt/length_max"] = max(recorded.get("prompt/length_max", 0), max(len(ids) for ids in prompt_ids))
     recorded.setdefault("prompt/truncated", 0)

@@ -46,7 +46,7 @@ waits for the running generation), and `agenerate` runs `generate` in a worker t
 import asyncio
 import functools
 import threading
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -193,6 +193,8 @@ def _generate(graphdef, state, tokens_bp, mask_bp, budget_b, sample_index_b, sto
 class EmbeddedEngine(RolloutEngine):
     """A `RolloutEngine` sampling from a `Decoder` in this process (module docstring).
 
+    tokenizer:     renders chat-message prompts (`engine.prompt_token_ids`), with `chat_template_kwargs` as the
+                   template's variables (e.g. {"enable_thinking": False}); None = token ids only.
     eos_token_ids: the engine's stop tokens, used in every call besides the call's `stop_token_ids`.
     pad_id:        the id written into padding (must be a valid id: see the Decoder's conventions).
     seed:          with `SamplingParams.seed` None, call i uses a seed derived from (seed, i): an engine's
@@ -205,6 +207,7 @@ class EmbeddedEngine(RolloutEngine):
         model: Decoder,
         *,
         tokenizer: Optional["PreTrainedTokenizerBase"] = None,
+        chat_template_kwargs: Optional[Mapping[str, Any]] = None,
         eos_token_ids: Sequence[int],
         pad_id: int = 0,
         seed: int = 0,
@@ -221,6 +224,7 @@ class EmbeddedEngine(RolloutEngine):
         if max_batch_size is not None and max_batch_size < 1:
             raise ValueError(f"max_batch_size must be None or >= 1, got {max_batch_size}")
         self.tokenizer = tokenizer
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.pad_id = pad_id
         self.seed = seed
         self.max_batch_size = max_batch_size
@@ -262,7 +266,7 @@ class EmbeddedEngine(RolloutEngine):
                 for (p, prompt_ids), (ids, logps) in zip(rows, results)]
 
     def _prompt_ids(self, index: int, prompt: Prompt) -> list[int]:
-        ids = prompt_token_ids(prompt, self.tokenizer)
+        ids = prompt_token_ids(prompt, self.tokenizer, self.chat_template_kwargs)
         vocab, max_positions = self._config.vocab_size, self._config.max_position_embeddings
         if any(not 0 <= i < vocab for i in ids):
             raise ValueError(f"prompt {index} holds token ids outside [0, {vocab})")

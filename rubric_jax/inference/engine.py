@@ -151,16 +151,18 @@ class Sample:
             raise ValueError(f"Sample finish_reason must be one of {FINISH_REASONS}, got {self.finish_reason!r}")
 
 
-def prompt_token_ids(prompt: Prompt, tokenizer: Optional["PreTrainedTokenizerBase"]) -> list[int]:
+def prompt_token_ids(prompt: Prompt, tokenizer: Optional["PreTrainedTokenizerBase"],
+                     chat_template_kwargs: Optional[Mapping[str, Any]] = None) -> list[int]:
     """The token ids of one prompt: token ids as given, or chat messages rendered by the tokenizer's chat
-    template with the assistant header appended (`apply_chat_template`). ValueError for a str (ambiguous: pass
-    ids or messages), an empty prompt, a mix of ids and messages, or chat messages without a tokenizer."""
+    template, with `chat_template_kwargs` as the template's variables, and the assistant header appended
+    (`apply_chat_template`). ValueError for a str (ambiguous: pass ids or messages), an empty prompt, a mix of
+    ids and messages, or chat messages without a tokenizer."""
     if isinstance(prompt, (str, bytes)) or not isinstance(prompt, (Sequence, np.ndarray)) or len(prompt) == 0:
         raise ValueError(f"a prompt must be a non-empty sequence of token ids or of chat messages, got {prompt!r}")
     if all(isinstance(m, Mapping) for m in prompt):
         if tokenizer is None:
             raise ValueError("chat-message prompts need an engine built with a tokenizer")
-        return apply_chat_template(tokenizer, prompt)
+        return apply_chat_template(tokenizer, prompt, template_kwargs=chat_template_kwargs)
     if all(isinstance(i, (int, np.integer)) and not isinstance(i, bool) for i in prompt):
         return [int(i) for i in prompt]
     raise ValueError(f"a prompt must be all token ids or all chat messages, got {prompt!r}")

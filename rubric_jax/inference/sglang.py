@@ -212,7 +212,8 @@ def _check_version_name(version: str) -> None:
 class SGLangEngine(RolloutEngine):
     """A `RolloutEngine` over an SGLang server at `base_url` (module docstring).
 
-    tokenizer:               renders chat-message prompts (`engine.prompt_token_ids`); None = token ids only.
+    tokenizer:               renders chat-message prompts (`engine.prompt_token_ids`) here, with
+                             `chat_template_kwargs` as the template's variables; None = token ids only.
     weight_dir:              where `update_weights` writes checkpoints (None: update_weights is a ValueError).
     max_in_flight, retry, headers, seed: the `JsonHttpClient`'s (seed: its jitter).
     eos_token_ids:           stop tokens sent with every request besides the call's `stop_token_ids` (the
@@ -230,6 +231,7 @@ class SGLangEngine(RolloutEngine):
         base_url: str,
         *,
         tokenizer: Optional["PreTrainedTokenizerBase"] = None,
+        chat_template_kwargs: Optional[Mapping[str, Any]] = None,
         weight_dir: Optional[Union[str, os.PathLike]] = None,
         max_in_flight: int = 64,
         retry: RetryPolicy = RetryPolicy(),
@@ -246,6 +248,7 @@ class SGLangEngine(RolloutEngine):
         if any(not _is_int(i) or i < 0 for i in eos_token_ids):
             raise ValueError(f"eos_token_ids must be non-negative token ids, got {eos_token_ids!r}")
         self.tokenizer = tokenizer
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.weight_dir = Path(weight_dir) if weight_dir is not None else None
         self.eos_token_ids = tuple(eos_token_ids)
         self.max_prompts_per_request = max_prompts_per_request
@@ -269,7 +272,7 @@ class SGLangEngine(RolloutEngine):
     async def agenerate(self, prompts: Sequence[Prompt], params: SamplingParams) -> list[Sample]:
         """len(prompts) * params.n samples, prompt-major, from requests of at most `max_prompts_per_request`
         prompts sent concurrently. RequestFailed when a request fails for good (the others are cancelled)."""
-        prompt_ids = [prompt_token_ids(prompt, self.tokenizer) for prompt in prompts]
+        prompt_ids = [prompt_token_ids(prompt, self.tokenizer, self.chat_template_kwargs) for prompt in prompts]
         cache_key = self.weight_version if self.namespace_cache else None
         step = self.max_prompts_per_request
         tasks = []

@@ -7,7 +7,7 @@ Conventions:
 """
 
 from pathlib import Path
-from typing import Any, Mapping, Sequence, Union
+from typing import Any, Mapping, Optional, Sequence, Union
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
@@ -43,14 +43,19 @@ def apply_chat_template(
     tokenizer: PreTrainedTokenizerBase,
     messages: Sequence[Mapping[str, Any]],
     add_generation_prompt: bool = True,
+    template_kwargs: Optional[Mapping[str, Any]] = None,
 ) -> list[int]:
     """Token ids of `messages` ([{"role": ..., "content": ...}, ...]) rendered by the tokenizer's chat template.
 
     With `add_generation_prompt` the ids end with the header that opens an assistant turn, ready for sampling.
-    The template itself places any BOS token, so no special tokens are added on top.
+    The template itself places any BOS token, so no special tokens are added on top. `template_kwargs` are the
+    template's own variables (`ModelSpec.chat_template_kwargs`), e.g. {"enable_thinking": False} for a Qwen3
+    template's non-thinking mode (SGLang's `chat_template_kwargs`, verl's `apply_chat_template_kwargs`); a
+    variable the template does not read has no effect.
     """
     # return_dict=False: transformers 5 returns a BatchEncoding by default, transformers 4 a list; ask for the list.
     ids = tokenizer.apply_chat_template(
-        list(messages), add_generation_prompt=add_generation_prompt, tokenize=True, return_dict=False
+        list(messages), add_generation_prompt=add_generation_prompt, tokenize=True, return_dict=False,
+        **dict(template_kwargs or {}),
     )
     return [int(i) for i in ids]

@@ -70,11 +70,13 @@ def make_engine(config: RLConfig, model, tokenizer, version: str) -> RolloutEngi
     if config.rollout.engine == "sglang":
         from rubric_jax.inference.sglang import SGLangEngine  # noqa: PLC0415  (only on hosts with a server)
 
-        engine = SGLangEngine(config.rollout.sglang_url, tokenizer=tokenizer, eos_token_ids=eos_ids,
+        engine = SGLangEngine(config.rollout.sglang_url, tokenizer=tokenizer,
+                              chat_template_kwargs=config.model.chat_template_kwargs, eos_token_ids=eos_ids,
                               seed=config.seed, weight_dir=os.path.join(config.output_dir, "weights"))
         engine.update_weights(model, version)
         return engine
-    return EmbeddedEngine(model, tokenizer=tokenizer, eos_token_ids=eos_ids, pad_id=pad_id, seed=config.seed,
+    return EmbeddedEngine(model, tokenizer=tokenizer, chat_template_kwargs=config.model.chat_template_kwargs,
+                          eos_token_ids=eos_ids, pad_id=pad_id, seed=config.seed,
                           weight_version=version, max_batch_size=config.rollout.max_batch_size)
 
 
@@ -288,6 +290,7 @@ def train_rl(config: RLConfig, task: Any, *, judge=None, model=None, tokenizer=N
         engine=engine, tokenizer=tokenizer, task=task, judge=judge, pad_id=pad_id, seed=config.seed, timer=timer,
         sampling=SamplingParams(max_new_tokens=rollout.max_new_tokens, n=rollout.group_size,
                                 temperature=rollout.temperature, top_p=rollout.top_p, top_k=rollout.top_k),
+        chat_template_kwargs=config.model.chat_template_kwargs,
         max_prompt_tokens=rollout.max_prompt_tokens, prompt_truncation=rollout.prompt_truncation,
         frozen_engine=frozen_engine)
     learner = _Learner(config, algorithm, graphdef, state, optimizer, mesh, rules, critic_graphdef, critic_optimizer)

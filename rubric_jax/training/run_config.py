@@ -49,13 +49,21 @@ class ModelInit:
 @dataclasses.dataclass(frozen=True)
 class ModelSpec:
     """Where the policy comes from: `path`, a local Hugging Face directory (weights and tokenizer), or `init`,
-    a random model (the tokenizer then comes from the task). Exactly one of them."""
+    a random model (the tokenizer then comes from the task). Exactly one of them.
+
+    chat_template_kwargs: variables of the chat template for every prompt the policy is given (rollouts, SFT,
+    evaluation), e.g. {"enable_thinking": false}: a Qwen3 template's non-thinking mode, which SRaR runs in.
+    Nothing checks that the template reads them; a variable it does not read has no effect."""
 
     path: Optional[str] = None
     init: Optional[ModelInit] = None
+    chat_template_kwargs: dict = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
         _require((self.path is None) != (self.init is None), "exactly one of model.path and model.init must be set")
+        _require(all(isinstance(k, str) and k.isidentifier() for k in self.chat_template_kwargs),
+                 f"model.chat_template_kwargs keys must be template variable names, got "
+                 f"{list(self.chat_template_kwargs)}")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,7 +12,7 @@ tokenizer, which `ModelSpec(path=...)`, transformers and SGLang load.
 """
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping, Optional
 
 import jax
 import numpy as np
@@ -29,10 +29,11 @@ from rubric_jax.yaml_config import save_config
 SFT_PLOTS = {"sft_loss": ("train/loss",), "sft_entropy": ("train/entropy",), "sft_grad_norm": ("train/grad_norm",)}
 
 
-def sft_batch(task: Any, tokenizer: Any, examples, max_response_tokens: int) -> tuple[dict[str, np.ndarray], int]:
+def sft_batch(task: Any, tokenizer: Any, examples, max_response_tokens: int,
+              chat_template_kwargs: Optional[Mapping[str, Any]] = None) -> tuple[dict[str, np.ndarray], int]:
     """(the packed batch, its prompt width) of `examples` (module docstring)."""
     eos_ids, pad_id = policy.eos_and_pad(tokenizer)
-    prompts = [apply_chat_template(tokenizer, task.prompt(e)) for e in examples]
+    prompts = [apply_chat_template(tokenizer, task.prompt(e), template_kwargs=chat_template_kwargs) for e in examples]
     responses = [tokenizer.encode(task.solution(e), add_special_tokens=False) + eos_ids[:1] for e in examples]
     width = padded_prompt_width(prompts)
     return train_step.pack_sequences(prompts, responses, pad_id=pad_id, prompt_width=width,
@@ -65,7 +66,7 @@ def train_sft(config: SFTConfig, task: Any, *, model=None, tokenizer=None) -> di
         for step in range(meta["step"] if meta else 0, config.steps):
             timer.reset()
             batch, width = sft_batch(task, tokenizer, dataset.next_batch(config.batch_size),
-                                     config.max_response_tokens)
+                                     config.max_response_tokens, config.model.chat_template_kwargs)
             if width not in steps:
                 steps[width] = train_step.make_train_step(
                     graphdef, optimizer, train_step.confidence_penalized_nll(config.confidence_penalty), mesh=mesh,

@@ -86,6 +86,10 @@ def test_prompt_token_ids(tiny_qwen3_dir):
     assert prompt_token_ids(np.array([5, 6]), None) == [5, 6]
     messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "two plus two?"}]
     assert prompt_token_ids(messages, tokenizer) == apply_chat_template(tokenizer, messages)
+    no_thinking = {"enable_thinking": False}
+    rendered = prompt_token_ids(messages, tokenizer, no_thinking)
+    assert rendered == apply_chat_template(tokenizer, messages, template_kwargs=no_thinking)
+    assert rendered != prompt_token_ids(messages, tokenizer)
     with pytest.raises(ValueError, match="tokenizer"):
         prompt_token_ids(messages, None)
     for bad in ("text", [], [3, {"role": "user", "content": "x"}], [1.0], [True]):

@@ -3,7 +3,7 @@
 import pytest
 
 from rubric_jax.models.tokenizer import apply_chat_template, load_tokenizer
-from tests.tiny_checkpoints import IM_END_ID, IM_START_ID
+from tests.tiny_checkpoints import EMPTY_THINK_BLOCK, IM_END_ID, IM_START_ID
 
 MESSAGES = [
     {"role": "system", "content": "Answer briefly."},
@@ -32,6 +32,18 @@ def test_chat_template_ids_without_a_generation_prompt(tiny_qwen3_dir):
     ids = apply_chat_template(tokenizer, MESSAGES, add_generation_prompt=False)
     assert ids == [id_ for m in MESSAGES for id_ in _turn_ids(tokenizer, m["role"], m["content"])]
     assert all(isinstance(i, int) for i in ids)
+
+
+def test_template_kwargs_are_the_templates_variables(tiny_qwen3_dir):
+    """The fixture's template, as Qwen3's, opens the assistant turn with an empty think block when
+    enable_thinking is false; unset (or true) it does not, and a variable the template does not read changes
+    nothing."""
+    tokenizer = load_tokenizer(tiny_qwen3_dir)
+    plain = apply_chat_template(tokenizer, MESSAGES)
+    no_thinking = apply_chat_template(tokenizer, MESSAGES, template_kwargs={"enable_thinking": False})
+    assert no_thinking == plain + _text_ids(tokenizer, EMPTY_THINK_BLOCK)
+    assert apply_chat_template(tokenizer, MESSAGES, template_kwargs={"enable_thinking": True}) == plain
+    assert apply_chat_template(tokenizer, MESSAGES, template_kwargs={"unread": 1}) == plain
 
 
 def test_tokenizer_round_trips_through_save_pretrained(tiny_qwen3_dir, tmp_path):

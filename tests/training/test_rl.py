@@ -18,6 +18,7 @@ from rubric_jax.inference.embedded import EmbeddedEngine
 from rubric_jax.inference.engine import SamplingParams
 from rubric_jax.models import sharding, train_step
 from rubric_jax.models.safetensors_io import load_hf_checkpoint
+from rubric_jax.models.tokenizer import load_tokenizer
 from rubric_jax.training import policy
 from rubric_jax.training.checkpoint import Checkpointer
 from rubric_jax.training.metrics import PhaseTimer, read_metrics
@@ -29,6 +30,7 @@ from rubric_jax.data.tasks import build_task
 from rubric_jax.training.run_config import JudgeConfig
 from rubric_jax.yaml_config import load_config
 from tests.inference.standin_server import StandinServer, http_error
+from tests.tiny_checkpoints import EMPTY_THINK_BLOCK
 from tests.training.toy_task import CHECKS, toy_task
 
 TINY = ModelInit(hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16,
@@ -196,6 +198,22 @@ def test_a_prompt_cap_truncates_every_prompt_over_it_and_logs_the_count(tmp_path
     assert math.isfinite(last["train/loss"])
     uncapped = train_rl(tiny_rl_config(tmp_path / "uncapped"), toy_task())
     assert uncapped["prompt/truncated"] == 0
+
+
+def test_the_models_chat_template_kwargs_render_every_rollout_prompt(tmp_path, tiny_qwen3_dir):
+    """A policy from a Hugging Face directory whose template, as Qwen3's, reads enable_thinking: with
+    model.chat_template_kwargs {enable_thinking: false}, the trainer's prompts grow by the empty think block."""
+    task = toy_task()
+    rollout = RolloutConfig(prompts_per_step=2, group_size=2, max_new_tokens=8)
+    lengths = {}
+    for name, kwargs in (("plain", {}), ("no_thinking", {"enable_thinking": False})):
+        model = ModelSpec(path=str(tiny_qwen3_dir), chat_template_kwargs=kwargs)
+        last = train_rl(tiny_rl_config(tmp_path / name, model=model, rollout=rollout), task)
+        lengths[name] = last["prompt/length_max"]
+    block = load_tokenizer(tiny_qwen3_dir).encode(EMPTY_THINK_BLOCK, add_special_tokens=False)
+    assert lengths["no_thinking"] == lengths["plain"] + len(block)
+    with pytest.raises(ValueError, match="chat_template_kwargs keys"):
+        ModelSpec(path="x", chat_template_kwargs={"not a name": 1})
 
 
 def test_rollout_prompt_cap_and_frozen_server_are_validated(tmp_path):

@@ -16,6 +16,7 @@ from rubric_jax.training.checkpoint import Checkpointer
 from rubric_jax.training.metrics import read_metrics
 from rubric_jax.training.run_config import CheckpointConfig, MeshConfig, MetricsConfig, ModelInit, ModelSpec, SFTConfig
 from rubric_jax.training.sft import sft_batch, train_sft
+from tests.tiny_checkpoints import EMPTY_THINK_BLOCK
 
 TINY = ModelInit(hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16,
                  max_position_embeddings=128)
@@ -32,6 +33,25 @@ def test_sft_batch_scores_the_solution_and_its_end_of_turn_token_only():
         assert tokenizer.decode(scored[:-1]) == task.solution(example)
         assert scored[-1] == tokenizer.eos_token_id
         assert not batch["response_mask_bt"][row, :width].any()
+
+
+def test_sft_prompts_are_rendered_with_the_chat_template_kwargs(tiny_qwen3_dir):
+    """The fixture's Qwen3-style template with enable_thinking false adds the empty think block to every prompt,
+    and the scored solution tokens are the same either way."""
+    task = build_task("arithmetic", {}, 0)
+    tokenizer = load_tokenizer(tiny_qwen3_dir)
+    examples = task.train_stream(0).next_batch(3)
+    plain, _ = sft_batch(task, tokenizer, examples, max_response_tokens=128)
+    thinking_off, _ = sft_batch(task, tokenizer, examples, 128, {"enable_thinking": False})
+    block = len(tokenizer.encode(EMPTY_THINK_BLOCK, add_special_tokens=False))
+
+    def prompt_lengths(batch):
+        return (batch["tokens_bt"] != tokenizer.pad_token_id).sum(1) - batch["response_mask_bt"].sum(1)
+
+    np.testing.assert_array_equal(prompt_lengths(thinking_off), prompt_lengths(plain) + block)
+    for row in range(len(examples)):
+        np.testing.assert_array_equal(plain["tokens_bt"][row][plain["response_mask_bt"][row]],
+                                      thinking_off["tokens_bt"][row][thinking_off["response_mask_bt"][row]])
 
 
 def test_the_sft_update_optimises_the_masked_cross_entropy_on_a_repeated_batch():
