@@ -29,6 +29,9 @@ setup(
         "aiohttp>=3.9",
         # outcome verification of \boxed{} answers (rubric_jax.judges.outcome); the extra brings its LaTeX parser
         "math-verify[antlr4_13_2]>=0.7",
+        # dataset tasks over local files (rubric_jax.data.dataset): JSONL, JSON, Parquet, CSV and save_to_disk
+        # directories as memory-mapped Arrow tables; it does not pull torch.
+        "datasets>=3.0",
         # YAML configs (rubric_jax.yaml_config)
         "pyyaml>=6.0",
         # the trainer's metrics: TensorBoard event files and PNG plots (rubric_jax.training.metrics)
@@ -47,6 +50,8 @@ setup(
             # Parity tests against transformers only. Pinned: this version has a local CPU build here, and any
             # other version or an open range would pull a CUDA build (several GB).
             "torch==2.13.0",
+            # tests/judges/test_real_server.py: the LLM judges against `transformers serve` (its API as of 5.6), on CPU
+            "transformers[serving]>=5.6",
         ],
         # GPU/TPU hosts only: sglang pulls a CUDA build of torch.
         "sglang": ["sglang>=0.5.23"],

@@ -107,7 +107,7 @@ def config_from_dict(cls: type[T], data: Any, key: str = "") -> T:
             value = data[name]
             if dataclasses.is_dataclass(field.default) and isinstance(value, Mapping):
                 # The keys a section leaves out keep the enclosing default's values, not the section class's.
-                value = _merged(config_to_dict(field.default), value)
+                value = merged(config_to_dict(field.default), value)
             values[name] = _read(hints[name], value, _join(key, name))
         elif field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
             raise ValueError(f"missing config key {_join(key, name)}")
@@ -151,12 +151,13 @@ def _yaml_problem(error: yaml.YAMLError) -> str:
     return f"{getattr(error, 'problem', None) or error}{where}"
 
 
-def _merged(base: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
-    """`base` with `update`'s keys set, mappings merged key by key."""
+def merged(base: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
+    """`base` with `update`'s keys set, mappings merged key by key (a section's defaults under its YAML; a dataset
+    preset under the task's params)."""
     result = _deep_copy(base)
     for name, value in update.items():
         if isinstance(value, Mapping) and isinstance(result.get(name), Mapping):
-            result[name] = _merged(result[name], value)
+            result[name] = merged(result[name], value)
         else:
             result[name] = value
     return result

@@ -3,15 +3,18 @@
 A task implements `rubric_jax.algorithms.base.Task` (prompt, question, rubric, reference, is_correct) and what the
 trainer needs besides: `solution(example)` (the SFT target), `train_stream(position)` (an endless, resumable
 stream with `next_batch(n)` and `position`), `eval_examples(count)` (a fixed held-out set, disjoint from the
-train stream), `judge()` (the judge of its rubrics) and `tokenizer()` (for a model built from scratch).
+train stream), `judge()` (the judge of its rubrics) and `tokenizer()` (for a model built from scratch). A task
+over real data also has `data_metrics()` (rows in use, rows skipped by reason: logged with every step) and
+`longest_rubric` (checked against the recipe's max_items before a run starts): task "dataset"
+(`rubric_jax.data.dataset`, its presets in `rubric_jax.data.presets`).
 `params` is the task's own config (strict: unknown keys and wrong types name `task.params.<key>`).
 """
 
 import dataclasses
 from typing import Any, Callable, Literal, Mapping, Optional, Sequence
 
-from rubric_jax.data import arithmetic, arithmetic_rgr, arithmetic_srar, rubric_world
-from rubric_jax.yaml_config import config_from_dict
+from rubric_jax.data import arithmetic, arithmetic_rgr, arithmetic_srar, dataset, presets, rubric_world
+from rubric_jax.yaml_config import config_from_dict, merged
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,7 +88,19 @@ def _arithmetic(task_class):
     return build
 
 
+def _dataset(params: Mapping[str, Any], seed: int) -> dataset.DatasetTask:
+    """Task "dataset": `params` over its preset's (`presets.PRESETS`), read as a `DatasetConfig`."""
+    preset = params.get("preset")
+    if preset is not None:
+        if preset not in presets.PRESETS:
+            raise ValueError(f"config key task.params.preset: unknown preset {preset!r}; known: "
+                             f"{sorted(presets.PRESETS)}")
+        params = merged(presets.PRESETS[preset], params)
+    return dataset.DatasetTask(config_from_dict(dataset.DatasetConfig, dict(params), "task.params"), seed)
+
+
 TASKS: dict[str, Callable[[Mapping[str, Any], int], Any]] = {
+    "dataset": _dataset,
     "arithmetic": _arithmetic(arithmetic.ArithmeticTask),
     "arithmetic_srar": _arithmetic(arithmetic_srar.ArithmeticSrarTask),
     "arithmetic_rubrics": _rubric_world(RubricWorldTask),

@@ -130,6 +130,7 @@ class Criterion:
     kind: the item's ItemKind. name / category: optional labels (rubric-grounded name; RLCER category).
     required_elements, keywords, scoring_guide, verification_method: the rubric-grounded fields (Definition 1;
     scoring_guide from Appendix D/E) shown to its judge; empty / None elsewhere.
+    tags: labels of the item for per-tag metrics (HealthBench's "axis:accuracy"); never shown to a judge.
     Format-independent checks run here (ValueError naming the field); lists are stored as tuples.
     """
 
@@ -142,6 +143,7 @@ class Criterion:
     keywords: tuple[str, ...] = ()
     scoring_guide: Optional[str] = None
     verification_method: Optional[str] = None
+    tags: tuple[str, ...] = ()
 
     def __post_init__(self):
         _check_text(self.text, "text")
@@ -151,6 +153,7 @@ class Criterion:
         object.__setattr__(self, "kind", _check_kind(self.kind, "kind"))
         object.__setattr__(self, "required_elements", _check_strings(self.required_elements, "required_elements"))
         object.__setattr__(self, "keywords", _check_strings(self.keywords, "keywords"))
+        object.__setattr__(self, "tags", _check_strings(self.tags, "tags"))
 
 
 _CRITERION_FIELDS = tuple(f.name for f in dataclasses.fields(Criterion))
@@ -221,6 +224,7 @@ class Rubric:
             item["kind"] = c.kind.name
             item["required_elements"] = list(c.required_elements)
             item["keywords"] = list(c.keywords)
+            item["tags"] = list(c.tags)
             criteria.append(item)
         points_range = None if self.points_range is None else list(self.points_range)
         return {"format": self.format, "points_range": points_range, "criteria": criteria}

@@ -241,12 +241,22 @@ def _update(learner: _Learner, state: policy.LearnerState, batch, prompt_width: 
     return {**_mean_metrics("train", collected), **_mean_metrics("critic", critic_collected)}
 
 
+def check_rubric_width(algorithm_config: Any, task: Any) -> None:
+    """ValueError when the task's longest rubric (`longest_rubric`, a dataset task's) has more items than the
+    recipe's `max_items`, found before any compute rather than at the step that meets that rubric."""
+    max_items, longest = getattr(algorithm_config, "max_items", None), getattr(task, "longest_rubric", None)
+    if max_items is not None and longest is not None and longest > max_items:
+        raise ValueError(f"the task's longest rubric has {longest} items, more than algorithm.params.max_items "
+                         f"({max_items}): raise max_items")
+
+
 def train_rl(config: RLConfig, task: Any, *, judge=None, model=None, tokenizer=None) -> dict[str, float]:
     """Runs (or resumes) the RL run `config` on `task` (a `rubric_jax.data.tasks` task); the judge defaults to
     `config.judge`'s (`make_judge`: the task's own, or an LLM judge over HTTP, closed at the end), the model and tokenizer to `policy.build_policy(config.model)`. Returns the last step's
     metrics. Writes config.yaml, metrics.jsonl, tensorboard/, checkpoints/, plots/ and the final policy as a
     Hugging Face directory model/ under output_dir."""
     algorithm_config, config = resolve_algorithm(config)
+    check_rubric_width(algorithm_config, task)
     algorithm = algorithm_class(config.algorithm.name)(algorithm_config)
     rollout = config.rollout
     if algorithm.needs_frozen_engine and rollout.engine == "sglang" and rollout.frozen_sglang_url is None:
@@ -299,6 +309,7 @@ def train_rl(config: RLConfig, task: Any, *, judge=None, model=None, tokenizer=N
     updates_per_step = config.learner.epochs * config.learner.mini_batches
 
     writer = runs.open_metrics(out, config.metrics, config.steps, meta)
+    data_metrics = task.data_metrics() if hasattr(task, "data_metrics") else {}
     metrics: dict[str, float] = {}
     judge_requests_seen: dict[str, int] = {}
     engine_requests_seen: dict[str, int] = {}
@@ -335,7 +346,7 @@ def train_rl(config: RLConfig, task: Any, *, judge=None, model=None, tokenizer=N
                 jax.block_until_ready(state.params)
             with timer.phase("sync"):
                 engine.update_weights(nnx.merge(graphdef, policy.copy_params(state.params)), f"step-{step + 1}")
-            metrics = {**experience.metrics, **train_metrics, **critic_metrics, **_mismatch_metrics(batch, old_logp_bt),
+            metrics = {**data_metrics, **experience.metrics, **train_metrics, **critic_metrics, **_mismatch_metrics(batch, old_logp_bt),
                        **{name: float(value) for name, value in context.prompt_metrics.items()},
                        **_request_metrics("judge", judge.http_stats(), judge_requests_seen),
                        **_request_metrics("engine", engine.http_stats(), engine_requests_seen),

@@ -135,6 +135,7 @@ def _rubric(format_="generic", points_range=None, **criterion):
         (lambda: Criterion(text="x", category=5), r"category must be a non-empty string"),
         (lambda: Criterion(text="x", required_elements="abc"), r"required_elements must be a sequence of strings"),
         (lambda: Criterion(text="x", keywords=["ok", ""]), r"keywords\[1\] must be a non-empty string"),
+        (lambda: Criterion(text="x", tags="axis:accuracy"), r"tags must be a sequence of strings"),
         (lambda: Criterion(text="x", scoring_guide=[]), r"scoring_guide must be a non-empty string"),
     ],
 )
@@ -198,6 +199,7 @@ def valid_rubrics(draw):
                 category=_optional_words,
                 required_elements=st.lists(_words, max_size=3).map(tuple),
                 keywords=st.lists(_words, max_size=3).map(tuple),
+                tags=st.lists(_words, max_size=2).map(tuple),
                 scoring_guide=_optional_words,
                 verification_method=_optional_words,
             ),
