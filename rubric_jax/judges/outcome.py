@@ -5,7 +5,7 @@ EvoRubric's outcome reward z, RGR-GRPO's answer check).
   counts: SRaR's format reward looks for `\\boxed{` (REFERENCE.md section 2), and `\\boxed 5` is not extracted.
 - `answers_equivalent`: math-verify's parse and verify (sets, intervals, fractions vs decimals, reordered sums,
   equations `x = 3` vs `3`) behind a wall-clock limit; it never raises on any strings.
-- `extract_choice`: a multiple-choice letter.
+- `extract_choice`: a multiple-choice letter, from a box, an "answer is" phrase or the last line.
 - `OutcomeVerifier`: a response and a ground truth to a 0 / 1 score and a reason.
 
 Time limits. math-verify's own limits use SIGALRM, which exists only in the main thread (elsewhere it raises
@@ -46,10 +46,19 @@ EQUIVALENT, NOT_EQUIVALENT, EMPTY, TOO_LONG, TIMEOUT, ERROR = (
 
 _BOX_OPENING = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _BRACE_OR_ESCAPE = re.compile(r"\\.|[{}]", re.DOTALL)
+# What may stand between "answer (is)" and its letter: each piece starts with its own character, so a failed
+# match backtracks through a run once (adjacent `\s*`s would be quadratic or worse on a run of white space).
+_PHRASE_GAP = r"(?:[\s:：*_$(\[{]|\\(?:text|textbf|mathrm|mathbf)\{|\\[(\[])*"
 _CHOICE_PHRASE = re.compile(
-    r"(?i:\banswer(?:\s+is)?)\s*[:：]?\s*(?:\*\*|__)?\s*(?i:(?:option|choice)\s*)?[(\[]?([A-Z])(?![A-Za-z0-9])"
+    r"(?i:\banswer)(?:\s+(?i:is))?" + _PHRASE_GAP + r"(?:(?i:option|choice)" + _PHRASE_GAP + r")?"
+    # "A" and "I" before a lower-case word are English words: "answer: I think it is B".
+    r"(?![AI][ \t]+[a-z])([A-Z])(?![A-Za-z0-9])"
 )
-_LETTER_WRAPPERS = re.compile(r"\\(?:text|textbf|mathrm|mathbf)\b|[\s(){}\[\].:*$]")
+_LETTER_WRAPPERS = re.compile(r"\\(?:text|textbf|mathrm|mathbf)\b|[\s(){}\[\].:*_$]")
+# An option's letter before its text; the colon is left out, as "A:" also opens an answer ("Q: ... A: ...").
+_OPTION_MARKER = re.compile(
+    r"(?:[\s*_$]|\\(?:text|textbf|mathrm|mathbf)\s*\{)*(?:\(([A-Z])\)|\[([A-Z])\]|([A-Z])[.)])(?![^\s*_$}])"
+)
 _GRACE_S = 1.0
 _STARTUP_TIMEOUT_S = 120.0
 
@@ -84,27 +93,47 @@ def _check_letters(letters: str) -> None:
 
 
 def _lone_letter(text: str, letters: str) -> Optional[str]:
-    """`text` without white space, brackets, `.:*$` and \\text-like wrappers, if that is one of `letters`."""
+    """`text` without white space, brackets, `.:*_$` and \\text-like wrappers, if that is one of `letters`."""
     rest = _LETTER_WRAPPERS.sub("", text)
     return rest if len(rest) == 1 and rest in letters else None
 
 
+def _named_letter(text: str, letters: str) -> Optional[str]:
+    """The letter of `letters` that `text` (a box's content, a line) names: the whole of it a lone letter
+    (`_lone_letter`), or its start an option's letter before the option's text: "(B)", "[B]", "B." or "B)" after
+    white space, emphasis, `$` or a \\text-like opening, then white space, a closing `*_$}` or the end ("B.5" and
+    "B.Sc." are none)."""
+    marker = _OPTION_MARKER.match(text)
+    return _lone_letter(text if marker is None else marker.group(), letters)
+
+
+def _last_line(text: str) -> str:
+    """The last non-blank line of `text` ("" when all of it is blank)."""
+    lines = text.strip().splitlines()
+    return lines[-1] if lines else ""
+
+
 def extract_choice(text: str, letters: str = DEFAULT_LETTERS) -> Optional[str]:
     """A multiple-choice letter (upper case, one of `letters`), from the first of these that gives one:
-    1. the last box (`extract_boxed`) holding only a letter: `\\boxed{B}`, `\\boxed{(B)}`, `\\boxed{\\text{B}}`;
-    2. the last "answer is X" / "answer: X" phrase (case-insensitive words, optional `**`, "option", brackets)
-       whose letter is one of `letters` and is not followed by a letter or digit ("answer is Bob" is none);
-    3. the whole text being a lone letter: "B", "(B)", "B.", "**B**".
-    None otherwise (lower-case letters are never read: "a" is an article)."""
+    1. the last box (`extract_boxed`), if it names a letter (`_named_letter`): `\\boxed{B}`, `\\boxed{(B)}`,
+       `\\boxed{\\text{B}}`, or the letter then the option's text: `\\boxed{B. 42 kg}`, `\\boxed{(B) 42 kg}`;
+    2. the last "answer X" / "answer is X" / "answer: X" phrase (case-insensitive words; white space, `:`, emphasis,
+       `$`, brackets, `\\(`, \\text-like openings and the word "option" or "choice" may come between) whose letter
+       is one of `letters`, is not followed by a letter or digit ("answer is Bob" is none; "answer: B. Mitochondria"
+       is B) and is not the word "A" or "I" before a lower-case word ("answer: I think" is none);
+    3. the last non-blank line, if it names a letter as in 1: "B", "(B)", "**B**", "B. Mitochondria",
+       "(B) Mitochondria", "B) Mitochondria", "**B.** Mitochondria" ("A cat sat." and "Vitamin C" are none).
+    None otherwise (lower-case letters are never read: "a" is an article). So a later answer replaces an earlier
+    one read by the same rule or one further down this list."""
     if not isinstance(text, str):
         raise ValueError(f"text must be a str, got {type(text).__name__}")
     _check_letters(letters)
     boxed = extract_boxed(text)
-    boxed_letter = None if boxed is None else _lone_letter(boxed, letters)
+    boxed_letter = None if boxed is None else _named_letter(boxed, letters)
     if boxed_letter is not None:
         return boxed_letter
     phrased = [m.group(1) for m in _CHOICE_PHRASE.finditer(text) if m.group(1) in letters]
-    return phrased[-1] if phrased else _lone_letter(text, letters)
+    return phrased[-1] if phrased else _named_letter(_last_line(text), letters)
 
 
 # ---------------------------------------------------------------- equivalence, in the child process

@@ -3,7 +3,9 @@ wall-clock limit in a child process (hung or dead children replaced), and the 0 
 
 import concurrent.futures
 import os
+import re
 import signal
+import string
 
 import pytest
 from hypothesis import given, settings
@@ -91,27 +93,81 @@ def test_extract_boxed_never_raises_and_returns_a_piece_of_the_text(text):
 @pytest.mark.parametrize(
     "text, expected",
     [
+        # rule 2: an "answer is" / "answer:" phrase
         ("The answer is (B).", "B"),
         ("so the answer is C", "C"),
+        ("The answer is C", "C"),
+        ("Answer: (C)", "C"),
         ("Answer: D", "D"),
         ("**Answer:** A", "A"),
+        ("Final Answer: C", "C"),
+        ("the correct answer is **(C)**", "C"),
         ("The final answer is option E", "E"),
         ("ANSWER IS [F]", "F"),
+        ("Answer: C. Mitochondria", "C"),
+        ("The answer is: **C. Mitochondria**", "C"),
+        ("**Answer:**\n\nC", "C"),
+        ("The answer is $C$", "C"),
+        ("The answer is \\(\\text{C}\\)", "C"),
+        ("Answer：C", "C"),
+        ("Answer: I", "I"),  # a letter at the end is one, even "I"
+        ("answer: (A) because it is smaller", "A"),  # a bracketed "A" is no article
         ("I think the answer is A. No wait, the answer is (C).", "C"),
+        # rule 1: the last box
         ("$\\boxed{B}$", "B"),
-        ("\\boxed{(D)} even though the answer is A", "D"),  # the box comes first
+        ("\\boxed{C}", "C"),
+        ("\\boxed{(C)}", "C"),
         ("\\boxed{\\text{C}}", "C"),
+        ("\\boxed{C. 42 kg}", "C"),
+        ("\\boxed{(C) 42 kg}", "C"),
+        ("\\boxed{C) 42 kg}", "C"),
+        ("\\boxed{\\text{C. 42 kg}}", "C"),
+        ("\\boxed{\\textbf{(C)} 42\\text{ kg}}", "C"),
+        ("\\boxed{(D)} even though the answer is A", "D"),  # the box comes first
+        ("Answer: A\n\\boxed{B. 42 kg}", "B"),
+        ("\\boxed{A} at first; finally \\boxed{C}", "C"),
         ("\\boxed{42}. The answer is (A)", "A"),  # a box without a letter gives way
+        # rule 3: the last line
         ("B", "B"),
         (" (C) ", "C"),
         ("D.", "D"),
         ("**A**", "A"),
+        ("__A__", "A"),
+        ("I", "I"),
+        ("C. Mitochondria", "C"),
+        ("(C) Mitochondria", "C"),
+        ("C) Mitochondria", "C"),
+        ("[C] Mitochondria", "C"),
+        ("**C.** Mitochondria", "C"),
+        ("**(C)** Mitochondria", "C"),
+        ("**C. Mitochondria**", "C"),
+        ("A is wrong: it makes no ATP. B neither.\n\n**C.** Mitochondria\n", "C"),
+        ("Options: A, B, C.\r\nC) Mitochondria", "C"),
+        ("The answer is A.\n\nC. Mitochondria", "A"),  # a phrase comes before the last line
+        # none
         ("the answer is Bob", None),  # not a lone letter
+        ("Answer is Bob", None),
+        ("answer: I think it is the second", None),  # the word "I"
+        ("The answer is A cat", None),
         ("the answer is b", None),  # lower case is never read
         ("answer is (K)", None),  # not one of the letters
+        ("\\boxed{K}", None),
+        ("K. Mitochondria", None),
         ("a", None),
+        ("i", None),
+        ("I think", None),
+        ("A cat sat.", None),
+        ("The patient lacks one vitamin.\nVitamin C deficiency", None),
         ("I like B and C", None),
+        ("C. Mitochondria\nThat settles it.", None),  # only the last line is read
+        ("Q: which organelle?\nA: the mitochondria", None),  # "A:" opens an answer, not an option
+        ("C.5 kg", None),
+        ("(C)Mitochondria", None),
+        ("B.Sc. in biology", None),
+        ("\\boxed{C 42 kg}", None),  # a letter then text needs its mark
+        ("\\boxed{x = 3}", None),
         ("", None),
+        (" \n\t", None),
     ],
 )
 def test_extract_choice(text, expected):
@@ -122,6 +178,8 @@ def test_extract_choice_with_fewer_letters():
     assert extract_choice("The answer is E.", letters="ABCD") is None
     assert extract_choice("The answer is E. No, the answer is B.", letters="ABCD") == "B"
     assert extract_choice("answer: E", letters="ABCD") is None
+    assert extract_choice("\\boxed{E. 42 kg}\nAnswer: B", letters="ABCD") == "B"
+    assert extract_choice("E. Mitochondria", letters="ABCD") is None
 
 
 @pytest.mark.parametrize("letters", ["", "abc", "AAB", "A1", 3])
@@ -130,10 +188,85 @@ def test_extract_choice_rejects_bad_letters(letters):
         extract_choice("B", letters=letters)
 
 
+def test_extract_choice_on_huge_adversarial_inputs():
+    assert extract_choice("answer" + " " * 200_000 + "x") is None
+    assert extract_choice("answer" + " " * 100_000 + "option" + " " * 100_000) is None
+    assert extract_choice("answer is\t" * 20_000 + "A") == "A"
+    assert extract_choice("answer:" + "*" * 200_000) is None
+    assert extract_choice("answer" + "\\text{" * 30_000) is None
+    assert extract_choice("(" * 200_000) is None
+    assert extract_choice("**" * 100_000 + "x") is None
+    assert extract_choice(" " * 200_000 + "x") is None
+    assert extract_choice("\\text {" * 30_000 + "x") is None
+    assert extract_choice("A." * 100_000) is None
+    assert extract_choice("\\boxed{" + " " * 200_000 + "x}") is None
+    assert extract_choice("_" * 200_000 + "C") == "C"
+
+
+# The options' letters, any of A-Z in any order; distinct, so that an earlier answer (letters[0]) and a later one
+# (letters[1]) differ.
+LETTER_LISTS = st.lists(st.sampled_from(string.ascii_uppercase), min_size=2, max_size=10, unique=True)
+_ANSWER_WORD_OR_BOX = re.compile(r"(?i)answer|\\")
+# Text with no "answer" and no backslash, so no phrase and no box; a line of it may name a letter (rule 3).
+PROSE = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=40).filter(
+    lambda s: not _ANSWER_WORD_OR_BOX.search(s)
+)
+# One line of an option's text: no line break (str.splitlines' separators are in Cc, Zl, Zp), brace, backslash
+# or "answer".
+OPTION_TEXT = st.text(
+    alphabet=st.characters(blacklist_categories=("Cs", "Cc", "Zl", "Zp"), blacklist_characters="{}"), max_size=20
+).filter(lambda s: not _ANSWER_WORD_OR_BOX.search(s))
+# By rule: the last line (0), a phrase (1), a box (2); <L> is the letter, <O> the option's text.
+ANSWER_TEMPLATES = {
+    0: ["<L>", "(<L>)", "**<L>**", "<L>. <O>", "(<L>) <O>", "<L>) <O>", "[<L>] <O>", "**<L>.** <O>", "**(<L>)** <O>"],
+    1: ["Answer: (<L>)", "The answer is <L>", "the correct answer is **(<L>)**", "Final Answer: <L>",
+        "Answer: <L>. <O>", "**Answer:** <L>", "The answer is $<L>$", "answer is option (<L>) <O>"],
+    2: ["\\boxed{<L>}", "\\boxed{(<L>)}", "$\\boxed{\\text{<L>}}$", "\\boxed{<L>. <O>}", "\\boxed{(<L>) <O>}",
+        "\\boxed{\\text{<L>) <O>}}"],
+}
+RANKED_TEMPLATES = [(rank, template) for rank, templates in ANSWER_TEMPLATES.items() for template in templates]
+
+
+def _answer(template: str, letter: str, option: str) -> str:
+    return template.replace("<L>", letter).replace("<O>", option)
+
+
+@given(letters=LETTER_LISTS, template=st.sampled_from(ANSWER_TEMPLATES[1] + ANSWER_TEMPLATES[2]), option=OPTION_TEXT,
+       before=PROSE, after=PROSE)
+def test_extract_choice_reads_a_box_or_phrase_amid_prose(letters, template, option, before, after):
+    text = before + "\n" + _answer(template, letters[0], option) + "\n" + after
+    assert extract_choice(text, "".join(letters)) == letters[0]
+
+
+@given(letters=LETTER_LISTS, template=st.sampled_from(ANSWER_TEMPLATES[0]), option=OPTION_TEXT, before=PROSE)
+def test_extract_choice_reads_a_last_line_after_prose(letters, template, option, before):
+    text = before + "\n" + _answer(template, letters[0], option) + "\n"
+    assert extract_choice(text, "".join(letters)) == letters[0]
+
+
+@given(
+    letters=LETTER_LISTS,
+    earlier_later=st.sampled_from(RANKED_TEMPLATES).flatmap(
+        lambda later: st.tuples(st.sampled_from([t for t in RANKED_TEMPLATES if t[0] <= later[0]]), st.just(later))
+    ),
+    options=st.tuples(OPTION_TEXT, OPTION_TEXT),
+    prose=st.tuples(PROSE, PROSE),
+)
+def test_a_later_answer_overrides_an_earlier_one_of_no_higher_rule(letters, earlier_later, options, prose):
+    (_, earlier), (_, later) = earlier_later
+    earlier_answer, later_answer = _answer(earlier, letters[0], options[0]), _answer(later, letters[1], options[1])
+    text = "\n".join([prose[0], earlier_answer, prose[1], later_answer])
+    assert extract_choice(text, "".join(letters)) == letters[1]
+
+
+CHOICE_PIECES = ["answer", " is ", ":", "(", ")", "B", "b", "**", "\\boxed{", "}", "\\text{", "option", "K", " ", ".", "\n",
+                 "A", "I", " kg", "$", "[", "]", "_", "\\fbox{", "\\textbf{", "\t", "a", "Final "]
+
+
 @settings(max_examples=1000)
-@given(text=st.text(max_size=200) | st.lists(st.sampled_from(["answer", " is ", ":", "(", ")", "B", "b", "**", "\\boxed{",
-                                                             "}", "\\text{", "option", "K", " "]), max_size=12).map("".join))
-def test_extract_choice_never_raises(text):
+@given(text=st.text(max_size=200) | st.lists(st.sampled_from(CHOICE_PIECES), max_size=16).map("".join), letters=LETTER_LISTS)
+def test_extract_choice_never_raises(text, letters):
+    assert extract_choice(text, "".join(letters)) in (None, *letters)
     assert extract_choice(text) in (None, *"ABCDEFGHIJ")
 
 
@@ -290,6 +423,7 @@ def test_math_verifier_time_limit():
     [
         ("The answer is (B).", "B", OutcomeVerdict(1.0, "B", "correct")),
         ("\\boxed{C}", "(C)", OutcomeVerdict(1.0, "C", "correct")),
+        ("Let me think.\n\n**C.** Mitochondria", "C", OutcomeVerdict(1.0, "C", "correct")),
         ("The answer is (B).", "C", OutcomeVerdict(0.0, "B", "not_equivalent")),
         ("I cannot tell.", "A", OutcomeVerdict(0.0, None, "no_answer")),
     ],
