@@ -1,0 +1,193 @@
+"""The LLM judges over real HTTP against a third-party OpenAI-compatible server, `transformers serve` of a tiny
+random Qwen3 (tests/judges/real_server.py), where test_llm.py's stand-in can only echo our own reading of the API.
+
+What this server does to a judge: it answers 422 to a field it does not know, so its 200s say that every field
+the client sends is one an OpenAI-compatible server may take; it accepts `response_format` but does not enforce
+it; and the random model writes no judgement. So every judged rollout takes the failure path, which must fail
+the rollout with its parser's reason (or, per criterion, score that criterion 0), count it, and raise nothing.
+Each test predicts its verdicts exactly: a first client asks the server the judge's own questions (greedy
+decoding answers them the same again) and the format's parser reads the answers.
+
+Few requests of at most MAX_TOKENS generated tokens keep the module to seconds after the server's start.
+"""
+
+import collections
+import contextlib
+import socket
+
+import numpy as np
+import pytest
+
+from rubric_jax.inference.http import ClientStats, JsonHttpClient, RequestFailed, RetryPolicy
+from rubric_jax.judges.base import JudgeRequest
+from rubric_jax.judges.llm import (
+    CHAT_PATH,
+    REQUEST_FAILED,
+    ChatClient,
+    ChatSettings,
+    CriterionLLMJudge,
+    RolloutLLMJudge,
+    grounded_format,
+    rating_format,
+    rlcer_verifier_format,
+    srar_format,
+)
+from rubric_jax.rubrics import parsing
+from rubric_jax.rubrics.schema import Criterion, ItemKind, Rubric
+from tests.judges import real_server
+from tests.judges.test_llm import srar_request
+
+transformers_server = real_server.transformers_server  # the fixture this module uses
+
+MAX_TOKENS = 8
+# One retry at most: the exact stats below would show any retry a test does not expect. The server generates one
+# request at a time, so a request may wait for the others of its batch.
+PATIENT = RetryPolicy(max_attempts=2, initial_backoff_s=0.01, max_backoff_s=0.02, timeout_s=60.0)
+MESSAGES = [{"role": "user", "content": "Is 7 the solution of x - 3 = 4? Answer in JSON."}]
+
+GROUNDED_RUBRIC = Rubric(criteria=(Criterion("Names the enzyme", weight=2.0), Criterion("Gives the rate", weight=0.5)),
+                         format="rubric_grounded")
+RLCER_RUBRIC = Rubric(criteria=(Criterion("Checks the units", weight=3.0), Criterion("Guesses", weight=-2.0)),
+                      format="rlcer")
+RGR_RUBRIC = Rubric(criteria=(Criterion("States that x = 7", kind=ItemKind.FACTUAL),
+                              Criterion("Adds 3 to both sides", kind=ItemKind.PROCESS)), format="rgr")
+
+
+@pytest.fixture
+def make_chat(transformers_server):
+    """make_chat(retry=PATIENT, **settings): a ChatClient of the module's server, on an HTTP client of its own (so
+    its stats count only its own requests), closed after the test."""
+    with contextlib.ExitStack() as clients:
+        def make(retry=PATIENT, **settings):
+            http = clients.enter_context(JsonHttpClient(transformers_server.base_url, retry=retry, seed=0))
+            settings = {"model": transformers_server.model, "max_tokens": MAX_TOKENS, **settings}
+            return ChatClient(http, ChatSettings(**settings))
+
+        yield make
+
+
+@pytest.fixture
+def refusing_url():
+    """The URL of a loopback port bound but not listening: every connection to it is refused, and no other
+    process can take the port while the test runs."""
+    with socket.socket() as bound:
+        bound.bind((real_server.HOST, 0))
+        yield f"http://{real_server.HOST}:{bound.getsockname()[1]}"
+
+
+def ask(chat: ChatClient, messages, schema=None) -> str:
+    """chat.complete from sync code."""
+    return chat.http.run_sync(chat.complete(messages, schema))
+
+
+def test_complete_returns_the_servers_text_and_a_schema_is_taken_but_not_enforced(make_chat, transformers_server):
+    """The client reads the text of a real server's body; the schema request is answered 200 (so no fallback and
+    schemas stay on) with the very text of the plain one, since the server ignores the schema and decodes
+    greedily; and a field the server does not know is a 422, which makes its 200s to our payloads (model,
+    messages, temperature, max_tokens, seed, response_format) a check of their fields."""
+    chat = make_chat(seed=0)
+    plain = ask(chat, MESSAGES)
+    assert isinstance(plain, str)
+    assert ask(chat, MESSAGES, parsing.rating_schema()) == plain
+    assert chat.schemas_accepted and chat.schema_rejections == 0
+    assert chat.http.stats == ClientStats(requests=2, attempts=2)
+
+    unknown_field = {"model": transformers_server.model, "messages": MESSAGES, "max_tokens": 1, "rubric_hint": 1}
+    with pytest.raises(RequestFailed) as refused:
+        chat.http.run_sync(chat.http.post_json(CHAT_PATH, unknown_field))
+    assert refused.value.status == 422
+
+
+@pytest.mark.parametrize(
+    "fmt, requests, max_items",
+    [
+        (srar_format(), [srar_request(r) for r in ("x = 7 \\boxed{7}", "### Step 1: x = 1 \\boxed{1}", "no idea")], 4),
+        (grounded_format(), [JudgeRequest(question="Which enzyme digests lactose?", response=r, rubric=GROUNDED_RUBRIC,
+                                          reference="Lactase digests lactose.") for r in ("Lactase.", "Amylase.")], 3),
+        (rlcer_verifier_format(), [JudgeRequest(question="How far is 3 km in m?", response=r, rubric=RLCER_RUBRIC)
+                                   for r in ("3000 m", "30")], 2),
+    ],
+    ids=["srar", "grounded", "rlcer_verifier"],
+)
+def test_rollout_judge_fails_and_counts_every_answer_that_does_not_parse(make_chat, fmt, requests, max_items):
+    """One call per rollout: every rollout is failed with the reason (and detail) its format's parser gives the
+    server's answer, with every item unsatisfied at step -1, and counted; one request per rollout, no retry, no
+    failed request, and schemas stay on (ignored, not refused)."""
+    oracle = make_chat()
+    parses = [fmt.parse(ask(oracle, fmt.messages(r), fmt.schema(r)), r) for r in requests]
+    assert not any(p.ok for p in parses)  # the random model writes no judgement
+
+    judge = RolloutLLMJudge(make_chat(), fmt)
+    verdicts = judge.judge(requests, max_items)
+    n = len(requests)
+    assert verdicts.satisfied_bk.shape == verdicts.item_step_bk.shape == (n, max_items)
+    assert verdicts.failed_b.tolist() == [True] * n
+    assert verdicts.reasons == tuple(p.reason for p in parses) and verdicts.details == tuple(p.detail for p in parses)
+    assert set(verdicts.reasons) <= set(parsing.REASONS) - {"internal_error"}
+    np.testing.assert_array_equal(verdicts.satisfied_bk, 0)
+    np.testing.assert_array_equal(verdicts.item_step_bk, -1)
+    assert judge.failures.parsed == judge.failures.failed == n
+    assert judge.failures.by_reason == collections.Counter(verdicts.reasons)
+    assert judge.http_stats() == ClientStats(requests=n, attempts=n)
+    assert judge.chat.schemas_accepted and judge.chat.schema_rejections == 0
+
+
+def test_criterion_judge_scores_every_unparsable_rating_zero_and_counts_it(make_chat):
+    """One call per (rollout, criterion): as RGR-GRPO says, a rating that does not parse scores its criterion 0
+    and is counted by its parser's reason, while the rollout stays judged (not failed)."""
+    fmt = rating_format()
+    requests = [JudgeRequest(question="Solve x - 3 = 4.", response=r, rubric=RGR_RUBRIC) for r in ("x = 7", "x = 1")]
+    oracle = make_chat()
+    parses = [fmt.parse(ask(oracle, fmt.messages(r, k), fmt.schema())) for r in requests for k in range(2)]
+    assert not any(p.ok for p in parses)
+
+    judge = CriterionLLMJudge(make_chat(), fmt)
+    verdicts = judge.judge(requests, max_items=2)
+    assert verdicts.failed_b.tolist() == [False, False] and verdicts.reasons == ("", "")
+    np.testing.assert_array_equal(verdicts.satisfied_bk, np.zeros((2, 2)))
+    np.testing.assert_array_equal(verdicts.item_step_bk, -1)
+    assert judge.failures.parsed == judge.failures.failed == 4
+    assert judge.failures.by_reason == collections.Counter(p.reason for p in parses)
+    assert judge.http_stats() == ClientStats(requests=4, attempts=4)
+
+
+def test_a_model_the_server_does_not_serve_fails_every_rollout_without_retries(make_chat):
+    """The server is pinned to its model and answers 400 to any other name: each rollout asks with the schema,
+    then (a 4xx may be the schema's fault) without it, and neither 4xx is retried; both rollouts are failed as
+    request_failed naming the status, and schemas stay on since the request without one failed too."""
+    judge = RolloutLLMJudge(make_chat(model="judge"), srar_format())
+    verdicts = judge.judge([srar_request("a"), srar_request("b")], max_items=3)
+    assert verdicts.reasons == (REQUEST_FAILED, REQUEST_FAILED)
+    assert all("http_400" in detail for detail in verdicts.details)
+    assert judge.failures.by_reason == {REQUEST_FAILED: 2}
+    assert judge.http_stats() == ClientStats(requests=4, attempts=4, failures=4,
+                                             errors_by_reason=collections.Counter({"http_400": 4}))
+    assert judge.chat.schemas_accepted and judge.chat.schema_rejections == 0
+
+
+def test_refused_connections_are_retried_then_counted_not_raised(refusing_url):
+    """Nothing listens: every rollout's request is tried max_attempts times (no schema fallback, since no server
+    answered) and then fails its rollout as request_failed, counted; the judge returns."""
+    retry = RetryPolicy(max_attempts=3, initial_backoff_s=0.01, max_backoff_s=0.02, timeout_s=5.0)
+    with JsonHttpClient(refusing_url, retry=retry, seed=0) as http:
+        judge = RolloutLLMJudge(ChatClient(http, ChatSettings(model="judge", max_tokens=MAX_TOKENS)), srar_format())
+        verdicts = judge.judge([srar_request("a"), srar_request("b")], max_items=3)
+    assert verdicts.reasons == (REQUEST_FAILED, REQUEST_FAILED)
+    assert all("connection" in detail for detail in verdicts.details)
+    assert judge.failures.by_reason == {REQUEST_FAILED: 2}
+    assert judge.http_stats() == ClientStats(requests=2, attempts=6, retries=4, failures=2,
+                                             errors_by_reason=collections.Counter({"connection": 6}))
+
+
+def test_answers_later_than_the_timeout_are_retried_then_counted_and_the_server_survives(make_chat):
+    """A 10 ms limit per attempt, far below one generation: both attempts time out, the rollout is failed as
+    request_failed and the judge returns; the server, left generating answers nobody reads, still answers a
+    patient client afterwards."""
+    impatient = RetryPolicy(max_attempts=2, initial_backoff_s=0.01, max_backoff_s=0.02, timeout_s=0.01)
+    judge = RolloutLLMJudge(make_chat(retry=impatient), srar_format())
+    verdicts = judge.judge([srar_request("x = 7")], max_items=3)
+    assert verdicts.reasons == (REQUEST_FAILED,) and "timeout" in verdicts.details[0]
+    assert judge.failures.by_reason == {REQUEST_FAILED: 1}
+    assert judge.http_stats() == ClientStats(requests=1, attempts=2, retries=1, failures=1,
+                                             errors_by_reason=collections.Counter({"timeout": 2}))
+    assert isinstance(ask(make_chat(), MESSAGES), str)
