@@ -12,13 +12,17 @@ around the checks: an error once the run has started is a bug or an accident of 
 """
 
 import argparse
+import contextlib
+import dataclasses
 import json
 import sys
+import typing
 import tempfile
 from pathlib import Path
 from typing import NoReturn, Optional, Sequence
 
-from rubric_jax.training.run_config import EvalConfig, QuickstartConfig, RLConfig, SFTConfig, resolve_algorithm
+from rubric_jax.training.run_config import (
+    EvalConfig, JudgeConfig, QuickstartConfig, RLConfig, SFTConfig, resolve_algorithm)
 from rubric_jax.yaml_config import apply_overrides, config_from_dict, load_config
 
 DESCRIPTION = """Rubric-based RL of LLMs in JAX.
@@ -28,8 +32,13 @@ commands:
               arithmetic, held-out accuracy and rubric satisfaction before and after RL (a few minutes)
   train       an RL run from a config (algorithm, rollouts, learner, optimizer, checkpoints, metrics)
   sft         supervised fine-tuning on a task's reference solutions (the cold start of step-format recipes)
-  eval        held-out accuracy (avg@k, pass@k) and rubric satisfaction of a saved model
+  eval        held-out accuracy (avg@k, pass@k) and rubric satisfaction of a saved model, on a task or a dataset
+              (a preset over a file, or a run config's task and judge), with a JSON and markdown report
+  validate    check a run config and its dataset without training: rows used and skipped, the first prompts
 """
+
+
+JUDGE_FORMATS = typing.get_args(typing.get_type_hints(JudgeConfig)["format"])
 
 
 class _Parser(argparse.ArgumentParser):
@@ -98,13 +107,34 @@ def build_parser() -> argparse.ArgumentParser:
                                          "directory's latest checkpoint unless checkpoint.resume=false")
     _config_command(subparsers, "sft", "SFT on a task's reference solutions from a YAML config; saves the model "
                                        "as a Hugging Face directory output_dir/model")
+    validate = _config_command(subparsers, "validate", "check an RL config and its dataset without training: the "
+                                                       "config, every row of the dataset, the recipe's max_items, "
+                                                       "the judge; prints the first rows' policy and judge prompts")
+    validate.add_argument("--rows", type=_positive_int, default=2, help="rows whose prompts are shown (default 2)")
     evaluate = subparsers.add_parser("eval", help="held-out accuracy and rubric satisfaction of a saved model",
                                      description="Evaluates a Hugging Face model directory (e.g. <run>/model) on a "
-                                                 "task's held-out set and prints the metrics as JSON.")
+                                                 "task's held-out set, or on a dataset (--dataset: a preset over "
+                                                 "--data-path, every row, or a run config's task, judge and held-out "
+                                                 "rows), and prints the metrics as JSON; --output also writes them "
+                                                 "as JSON and as a markdown table beside it (.md).")
     evaluate.add_argument("model", help="a local Hugging Face model directory with its tokenizer")
     evaluate.add_argument("--task", default="arithmetic", help="a task of rubric_jax.data.tasks (default: arithmetic)")
     evaluate.add_argument("--task-seed", type=int, default=0)
-    evaluate.add_argument("--examples", type=_positive_int, default=EvalConfig.num_examples)
+    evaluate.add_argument("--dataset", metavar="PRESET_OR_CONFIG",
+                          help="a dataset preset (with --data-path) or an RL config YAML whose task and judge to use")
+    evaluate.add_argument("--data-path", help="the preset's file or directory")
+    evaluate.add_argument("--split", default="train", help="the split of --data-path (default: train)")
+    evaluate.add_argument("--judge-url", help="an OpenAI-compatible judge server (rubric datasets need one)")
+    evaluate.add_argument("--judge-model", help="the judge's served model name")
+    evaluate.add_argument("--judge-format", default="rating", choices=JUDGE_FORMATS,
+                          help="how the judge is asked (default: rating, one call per criterion)")
+    evaluate.add_argument("--sglang-url", help="sample from an SGLang server already serving the model (the "
+                                               "directory then gives the tokenizer only)")
+    evaluate.add_argument("--recipe", action="append", default=[], metavar="NAME",
+                          help="also report this recipe's analysis (e.g. srar); repeatable")
+    evaluate.add_argument("--examples", type=_positive_int, default=None,
+                          help=f"examples to evaluate (default: every row of a dataset, {EvalConfig.num_examples} "
+                               "of a task)")
     evaluate.add_argument("--samples", type=_positive_int, default=1, help="samples per example (k of avg@k, pass@k)")
     evaluate.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
     evaluate.add_argument("--max-new-tokens", type=_positive_int, default=64)
@@ -182,17 +212,55 @@ def _checked_config(args):
     elif args.command == "train":
         config = _load(RLConfig, args.config, args.overrides)
         resolve_algorithm(config)
+    elif args.command == "validate":
+        config = _load(RLConfig, args.config, args.overrides)
+        resolve_algorithm(config)
     elif args.command == "sft":
         config = _load(SFTConfig, args.config, args.overrides)
     else:
-        config = EvalConfig(num_examples=args.examples, samples_per_example=args.samples,
-                            temperature=args.temperature)
+        config = _eval_plan(args)
         _check_model_directory(args.model)
         if args.output:
             _check_output_file(args.output)
-    if args.command in ("train", "sft") and config.model.path is not None:
+    if args.command in ("train", "sft", "validate") and config.model.path is not None:
         _check_model_directory(config.model.path, "model.path")
     return config
+
+
+@dataclasses.dataclass(frozen=True)
+class _EvalPlan:
+    """What `rubric-jax eval` evaluates: the task (name, params, seed), how many of its held-out examples (None:
+    all), with which sampling (`eval`), judge and chat-template variables."""
+
+    task: tuple[str, dict, int]
+    count: Optional[int]
+    eval: EvalConfig
+    judge: JudgeConfig
+    chat_template_kwargs: dict
+
+
+def _eval_plan(args) -> _EvalPlan:
+    from rubric_jax.benchmark import dataset_params  # noqa: PLC0415
+
+    judge, kwargs, count = JudgeConfig(), args.chat_template_kwargs, args.examples
+    if args.dataset is None:
+        if args.data_path is not None:
+            raise ValueError("--data-path goes with --dataset")
+        task, count = (args.task, {}, args.task_seed), count or EvalConfig.num_examples
+    elif args.dataset.endswith((".yaml", ".yml")):
+        run = _load(RLConfig, args.dataset, [])
+        task, judge, count = (run.task.name, run.task.params, run.task.seed), run.judge, count or run.eval.num_examples
+        kwargs = kwargs or run.model.chat_template_kwargs
+    else:
+        if args.data_path is None:
+            raise ValueError(f"--dataset {args.dataset} needs --data-path (the preset's file)")
+        task = ("dataset", dataset_params(args.dataset, args.data_path, args.split), args.task_seed)
+    if args.judge_url is not None or args.judge_model is not None:
+        if args.judge_url is None or args.judge_model is None:
+            raise ValueError("--judge-url and --judge-model go together")
+        judge = JudgeConfig(kind="llm", url=args.judge_url, model=args.judge_model, format=args.judge_format)
+    sampling = EvalConfig(samples_per_example=args.samples, temperature=args.temperature)
+    return _EvalPlan(task, count, sampling, judge, kwargs)
 
 
 def _one_line(error: Exception) -> str:
@@ -208,11 +276,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         # Task names and parameters are checked here too, before any model is built.
         from rubric_jax.data.tasks import build_task  # noqa: PLC0415  (imports transformers: after the cheap checks)
 
-        task_spec = (args.task, {}, args.task_seed) if args.command == "eval" else (
+        task_spec = config.task if args.command == "eval" else (
             config.task.name, config.task.params, config.task.seed)
         task = build_task(*task_spec)
-        if args.command != "eval":
+        if args.command == "eval":
+            judge = _eval_judge(config.judge, task, args)
+        elif args.command != "validate":
             _check_writable_directory(config.output_dir, "output_dir")
+        else:
+            from rubric_jax.benchmark import validation_report  # noqa: PLC0415
+
+            print(validation_report(config, task, _validation_tokenizer(config, task), args.rows), end="")
+            return 0
     except (ValueError, OSError) as error:
         print(f"rubric-jax {args.command}: {_one_line(error)}", file=sys.stderr)
         return 2
@@ -230,16 +305,42 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
         train_sft(config, task)
     else:
-        from rubric_jax.quickstart import evaluate_directory  # noqa: PLC0415
+        from rubric_jax import benchmark  # noqa: PLC0415
 
-        metrics = evaluate_directory(args.model, task, config, max_new_tokens=args.max_new_tokens, seed=args.seed,
-                                     chat_template_kwargs=args.chat_template_kwargs)
-        text = json.dumps(metrics, indent=2)
-        print(text)
+        with contextlib.closing(judge):
+            engine, tokenizer = benchmark.model_engine(args.model, seed=args.seed, sglang_url=args.sglang_url,
+                                                       chat_template_kwargs=config.chat_template_kwargs)
+            with contextlib.closing(engine):
+                count = config.count or int(task.data_metrics()["data/eval_rows"])
+                metrics = benchmark.evaluate_model(engine, tokenizer, task, judge, task.eval_examples(count),
+                                                   config.eval, max_new_tokens=args.max_new_tokens, seed=args.seed,
+                                                   recipes=args.recipe)
+        print(json.dumps(metrics, indent=2))
         if args.output:
-            with open(args.output, "w", encoding="utf-8") as f:
-                f.write(text + "\n")
+            benchmark.write_report(metrics, args.output, f"{args.model} on {args.dataset or args.task}")
     return 0
+
+
+def _eval_judge(config: JudgeConfig, task, args):
+    """The judge of `rubric-jax eval`, and its recipes checked; ValueError naming the flags to set."""
+    from rubric_jax.algorithms.registry import eval_metrics_fn  # noqa: PLC0415
+    from rubric_jax.training.rl import make_judge  # noqa: PLC0415
+
+    for recipe in args.recipe:
+        eval_metrics_fn(recipe)
+    try:
+        return make_judge(config, task, args.seed)
+    except ValueError as error:
+        raise ValueError(f"{error} (on the command line: --judge-url, --judge-model, --judge-format)") from None
+
+
+def _validation_tokenizer(config: RLConfig, task):
+    """The tokenizer the run would render its prompts with: the model directory's, or the task's."""
+    if config.model.path is None:
+        return task.tokenizer()
+    from rubric_jax.models.tokenizer import load_tokenizer  # noqa: PLC0415
+
+    return load_tokenizer(config.model.path)
 
 
 if __name__ == "__main__":

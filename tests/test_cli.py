@@ -12,6 +12,8 @@ import yaml
 
 from rubric_jax import cli
 from rubric_jax.models.config import ModelConfig
+from tests.data.dataset_fixtures import FIXTURES
+from tests.inference.standin_server import StandinServer
 
 
 def test_sft_then_eval_from_the_command_line(tmp_path, capsys):
@@ -41,12 +43,61 @@ def test_sft_then_eval_from_the_command_line(tmp_path, capsys):
     assert all(0 <= metrics[key] <= 1 for key in ("eval/accuracy", "eval/pass@2", "eval/rubric_score"))
 
 
+def test_validate_reports_the_rows_and_renders_the_first_prompts(capsys):
+    assert cli.main(["validate", *DATASET_RL, "--rows", "1"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("config: algorithm rar, task dataset, judge llm (rating at http://127.0.0.1:1, model judge)\n"
+                          "data: 2 training rows, 0 held out, none skipped; longest rubric 3 items\n")
+    assert f"\npolicy prompts: the longest has 142 tokens ({FIXTURES / 'rar.jsonl'} row 0)\n" in out  # no cap set
+    assert f"--- {FIXTURES / 'rar.jsonl'} row " in out and "policy prompt (" in out and "judge prompt ---" in out
+    assert "<response>\n(the policy's response)\n</response>" in out  # the judge's prompt, fences and all
+
+
+def test_eval_on_dataset_presets_writes_json_and_markdown(tmp_path, capsys):
+    """A tiny model with the dataset task's byte tokenizer (one SFT step on MATH500's solutions), evaluated on
+    the MATH500 fixture (outcomes, per-subject tags) and on the HealthBench fixture with a judge over HTTP that
+    meets every criterion."""
+    config = {"output_dir": str(tmp_path / "sft"), "steps": 1, "batch_size": 2, "max_response_tokens": 32,
+              "model": {"init": {"hidden_size": 32, "intermediate_size": 64, "num_layers": 1, "num_heads": 2,
+                                 "num_kv_heads": 1, "head_dim": 16, "max_position_embeddings": 512}},
+              "task": {"name": "dataset", "params": {"preset": "math500", "path": str(FIXTURES / "math500.jsonl")}},
+              "metrics": {"console": False, "plots": False}}
+    (tmp_path / "sft.yaml").write_text(yaml.safe_dump(config))
+    assert cli.main(["sft", str(tmp_path / "sft.yaml")]) == 0
+    model = str(tmp_path / "sft" / "model")
+    output = tmp_path / "math.json"
+    assert cli.main(["eval", model, "--dataset", "math500", "--data-path", str(FIXTURES / "math500.jsonl"),
+                     "--samples", "2", "--temperature", "1.0", "--max-new-tokens", "8", "--output", str(output)]) == 0
+    metrics = json.loads(output.read_text())
+    assert {"eval/accuracy", "eval/pass@2", "eval/tag/Algebra/accuracy", "eval/tag/Precalculus/accuracy"} <= metrics.keys()
+    markdown = output.with_suffix(".md").read_text()
+    assert markdown.startswith(f"# {model} on math500\n") and "## By example tag" in markdown
+    assert "| Algebra | " in markdown
+
+    with StandinServer() as server:
+        server.responder = lambda messages: json.dumps({"explanation": "-", "criteria_met": True})
+        assert cli.main(["eval", model, "--dataset", "healthbench", "--data-path", str(FIXTURES / "healthbench.jsonl"),
+                         "--judge-url", server.base_url, "--judge-model", "grader", "--judge-format", "healthbench",
+                         "--max-new-tokens", "8", "--output", str(tmp_path / "hb.json")]) == 0
+        calls = len(server.chat_requests)
+    metrics = json.loads((tmp_path / "hb.json").read_text())
+    assert calls == 3 + 2  # one call per criterion of the two conversations
+    # every criterion met: row 0 (10 - 10 + 5) / 15, row 1 (10 - 9) / 10; the mean clipped to [0, 1]
+    assert metrics["eval/points_score"] == pytest.approx((5 / 15 + 0.1) / 2)
+    assert metrics["eval/item_tag/axis:accuracy/points_score"] == pytest.approx(0.1)  # row 0's is only -10
+    assert "## By criterion tag" in (tmp_path / "hb.md").read_text()
+
+
 # ---------------------------------------------------------------- bad input: one line, status 2, no traceback
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 RL = str(CONFIGS / "rar_arithmetic.yaml")
 RL_INIT = [RL, "model={init: {}}"]  # a random model instead of the SFT model the file names, so later checks run
 SFT = str(CONFIGS / "sft_arithmetic.yaml")
+# An RL config over the RaR fixture (rubrics of 2 and 3 items) with an LLM judge, given as overrides.
+DATASET_RL = [*RL_INIT, "task.name=dataset", f"task.params={{preset: rar, path: {FIXTURES / 'rar.jsonl'}}}",
+              "judge={kind: llm, url: 'http://127.0.0.1:1', model: judge, format: rating}",
+              "algorithm.name=rar", "algorithm.params={max_items: 4}"]
 VALID_MODEL = ModelConfig(model_type="qwen3", vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=1,
                           num_heads=2, num_kv_heads=1, head_dim=16, max_position_embeddings=64).to_hf_dict()
 
@@ -138,6 +189,29 @@ BAD_INPUTS = {
         (["{tmp}/complete", "--chat-template-kwargs", "enable_thinking=false"],
          "argument --chat-template-kwargs: expected a JSON object, got 'enable_thinking=false'"),
         (["{tmp}/complete", "--chat-template-kwargs", "[1]"], "argument --chat-template-kwargs: expected a JSON object"),
+        (["{tmp}/complete", "--dataset", "nope", "--data-path", "x"], "--dataset 'nope' is neither a preset nor a "
+                                                                     "YAML config; presets: aime24"),
+        (["{tmp}/complete", "--dataset", "math500"], "--dataset math500 needs --data-path"),
+        (["{tmp}/complete", "--data-path", "x.jsonl"], "--data-path goes with --dataset"),
+        (["{tmp}/complete", "--dataset", "math500", "--data-path", "{tmp}/missing.jsonl"],
+         "dataset {tmp}/missing.jsonl does not exist"),
+        (["{tmp}/complete", "--dataset", "{tmp}/missing.yaml"], "config file {tmp}/missing.yaml does not exist"),
+        (["{tmp}/complete", "--judge-url", "http://127.0.0.1:1"], "--judge-url and --judge-model go together"),
+        (["{tmp}/complete", "--judge-format", "vibes"], "argument --judge-format: invalid choice: 'vibes'"),
+        (["{tmp}/complete", "--recipe", "nope"], "unknown recipe 'nope'"),
+        (["{tmp}/complete", "--dataset", "healthbench", "--data-path", str(FIXTURES / "healthbench.jsonl")],
+         "set judge.kind: llm (with judge.url, judge.model and judge.format) (on the command line: --judge-url"),
+    ],
+    "validate": [
+        *CONFIG_FILE_CASES,
+        ([RL, "algorithm.name=nope"], "config key algorithm.name: unknown algorithm 'nope'"),
+        ([RL, "model.path={tmp}/missing"], "model.path {tmp}/missing does not exist"),
+        ([*RL_INIT, "--rows", "0"], "argument --rows: must be >= 1, got 0"),
+        ([*DATASET_RL, "algorithm.params.max_items=2"],
+         "the task's longest rubric has 3 items, more than algorithm.params.max_items (2): raise max_items"),
+        ([*DATASET_RL, "judge.kind=task", "judge.url=null", "judge.model=null"],
+         "task dataset has rubrics but no programmatic judge for them"),
+        ([*DATASET_RL, "task.params.path={tmp}/afile"], "{tmp}/afile: unknown file type"),
     ],
 }
 

@@ -32,6 +32,7 @@ import numpy as np
 from rubric_jax.core import aggregation, kl, losses
 from rubric_jax.inference.engine import RolloutBatch, RolloutEngine, Sample, SamplingParams, prompt_token_ids
 from rubric_jax.judges.base import Judge, JudgeRequest, Verdicts
+from rubric_jax.judges.llm import LLMMetaVerifier
 from rubric_jax.models import train_step
 from rubric_jax.rubrics.schema import Rubric
 from rubric_jax.rubrics.steps import response_text, split_steps
@@ -68,9 +69,11 @@ class RolloutContext:
     max_prompt_tokens / prompt_truncation: the cap every `sample_groups` call applies to its prompts
     (`truncate_prompt`; None: no cap). frozen_engine: an engine serving the initial weights that never receives
     a weight update, for a role played by an unoptimised model (the trainer makes one when the recipe's
-    `needs_frozen_engine`). prompt_metrics: what `sample_groups` records about the prompts ("prompt/truncated",
-    summed over the calls; "prompt/length_max", tokens before truncation), shared by every copy of the context
-    (`dataclasses.replace`) and cleared by the trainer at each step."""
+    `needs_frozen_engine`). meta_verifier: an LLM auditor of generated criteria (`judges.llm.LLMMetaVerifier`,
+    EvoRubric's meta-verifier; the run's `meta_verifier` section), None where the task's own `meta_verify` serves.
+    prompt_metrics: what `sample_groups` records about the prompts ("prompt/truncated", summed over the calls;
+    "prompt/length_max", tokens before truncation), shared by every copy of the context (`dataclasses.replace`)
+    and cleared by the trainer at each step."""
 
     engine: RolloutEngine
     tokenizer: Any
@@ -84,6 +87,7 @@ class RolloutContext:
     max_prompt_tokens: Optional[int] = None
     prompt_truncation: Literal["error", "left", "right", "middle"] = "middle"
     frozen_engine: Optional[RolloutEngine] = None
+    meta_verifier: Optional[LLMMetaVerifier] = None
     prompt_metrics: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
@@ -354,6 +358,13 @@ class Algorithm(abc.ABC):
         """Whether the learner must keep the frozen initial policy (for a KL penalty)."""
         return self.policy_loss.kl_coef > 0
 
+    def role_prompts(self, task: Any, example: Any, placeholder: str) -> dict[str, list[dict[str, str]]]:
+        """The prompt of each role of the recipe for `example`, by role name, as `sample_groups` is handed them;
+        a prompt built from model text (a CoT, a response to refine) shows `placeholder` in its place. What
+        `rubric-jax validate` renders; the default is the task's prompt for the one policy role."""
+        del placeholder
+        return {"policy": task.prompt(example)}
+
     @property
     def needs_frozen_engine(self) -> bool:
         """Whether a role samples from the frozen initial policy (`RolloutContext.frozen_engine`)."""
@@ -507,6 +518,7 @@ def judge_rollouts(
             rubric=rubric,
             reference=context.task.reference(examples[s.prompt_index]),
             num_steps=len(split_steps(text)),
+            conversation=tuple(context.task.prompt(examples[s.prompt_index])),
         )
         for s, text, rubric in zip(rollouts.samples, rollouts.texts, rubrics)
     ]

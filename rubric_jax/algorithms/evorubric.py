@@ -5,11 +5,19 @@ are trained in one update.
 
 For each step (N = sampling.n responses and M = generator_group_size rubric sets per question q):
   1. o_1..o_N ~ pi(. | q, p_rea)                                     base.sample_groups                eq 1
+     the base rubric of q: the task's, or (base_rubric generated)    _base_rubrics                     4.1 (2)
+     at q's first visit written once by the frozen initial policy
+     from the generator prompt with these responses and no existing
+     criteria, parsed, kept per question and checkpointed
   2. R_1..R_M ~ pi(. | q, O, C_hist, p_gen), C_hist = base rubric     base.sample_groups(stream=1),     eq 2
-     + pool[q]; O = the first responses_shown responses              task.generator_prompt
-     each R_m parsed (a failure is counted and earns                  task.parse_generated_rubric
-     parse_failure_reward - p_len)
-  3. meta-verifier: R~_m = {r in R_m | v(r) = 1}                      task.meta_verify                  3.3.2 step 1
+     + pool[q]; O = the first responses_shown responses              generator_io: Table 5's prompt    Table 5
+     each R_m parsed (a failure is counted and earns                  (prompts.rubric_generator_prompt,
+     parse_failure_reward - p_len; "[]" is the empty proposal)        parsing.parse_evorubric_rubrics)
+                                                                     or the task's (generator_format)
+  3. meta-verifier: R~_m = {r in R_m | v(r) = 1}, every criterion     context.meta_verifier, an LLM     3.3.2 step 1
+     of the step audited in one batched call (concurrent requests)   (judges.llm.LLMMetaVerifier,      Tables 6-7
+     against base rubric + pool[q]; a criterion the LLM could not    one call per criterion), else
+     judge is rejected ("meta_verifier_failed")                      task.meta_verify
   4. grader: s(o_n, r) = points(r) when o_n meets r, for every        context.judge                     step 2
      r in R~_m (one judge request per response, over the base
      rubric, pool[q] and every R~_m of q)
@@ -49,18 +57,26 @@ the reward of an unparsable proposal (parse_failure_reward, default -1: the r_me
 meta-verifier rejects entirely); which responses the generator sees (the first responses_shown of the group, a
 uniform sample since the N responses are exchangeable; None shows all) and how much of each (its first
 shown_response_max_tokens tokens); the pool's key (the question text), its
-bounds and its eviction rule (`MemoryPool`). A judge failure on a response takes it out of its question's score
-matrix (the response mask of steps 5-6) and, as in RaR, gives it reward 0 or excludes it (on_judge_failure).
+bounds and its eviction rule (`MemoryPool`); the meta-verifier's model (the run's meta_verifier.model); the
+prompt of a generated base rubric (`_base_rubrics`: Table 5's, with the first visit's shown responses). A
+criterion the LLM meta-verifier could not judge (its request failed after retries, or its verdict did not parse)
+is rejected, so only an audited criterion reaches the reward. A judge failure on a response takes it out of its
+question's score matrix (the response mask of steps 5-6) and, as in RaR, gives it reward 0 or excludes it
+(on_judge_failure).
 
 Metrics: "reward/*", "advantage/*" the reasoner's (its valid rows), "reasoner/base_score/*" and
 "reasoner/pool_score/*" (S_base, S_pool); "generator/reward/*", "generator/advantage/*", the means of eq 3's terms
 ("generator/consensus_term", "meta_term", "disc_term", "count_penalty", "length_penalty", ablated terms 0) and
 "generator/length_mean"; "evorubric/generator_format_rate", "evorubric/parse_failed/<reason>",
 "evorubric/empty_proposal_rate", "evorubric/proposed_mean" (criteria per parsed proposal),
-"evorubric/meta_rejected_fraction" and "evorubric/meta_rejected/<category>" (of the proposed criteria),
+"evorubric/meta_rejected_fraction" and "evorubric/meta_rejected/<category>" (of the proposed criteria;
+"meta_verifier_failed": those the LLM meta-verifier could not judge, whose requests the trainer logs as
+"meta_verifier/*"; its wall time is "time/meta_verifier"),
 "evorubric/pruned_fraction" (of the verified ones), "evorubric/consensus_rho_mean" (over the proposals whose rho
 is defined: R^_m and some peer's R^ non-empty), "evorubric/archived" (criteria added to the pool this step),
-"evorubric/pool_size" and "evorubric/pool_questions" (the whole pool); "rubric/<name>" and "judge/*" over every
+"evorubric/pool_size" and "evorubric/pool_questions" (the whole pool); with base_rubric generated,
+"evorubric/base_rubrics_written" (this step), "evorubric/base_rubric_questions" (in all) and
+"evorubric/base_rubric_failed/<reason>" (parse failures this step); "rubric/<name>" and "judge/*" over every
 graded criterion; "response/*" and "outcome/accuracy" of the reasoner. A fraction of nothing is left out.
 """
 
@@ -68,7 +84,8 @@ import collections
 import dataclasses
 import functools
 import re
-from typing import Any, Literal, Mapping, NamedTuple, Optional, Sequence
+import unicodedata
+from typing import Any, Callable, Literal, Mapping, NamedTuple, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -78,6 +95,8 @@ from rubric_jax.algorithms import base
 from rubric_jax.algorithms.registry import register
 from rubric_jax.core import advantages, rewards, roles, rubric_validity
 from rubric_jax.judges.base import JudgeRequest
+from rubric_jax.judges.llm import MetaVerifyRequest
+from rubric_jax.rubrics import parsing, prompts
 from rubric_jax.rubrics.memory_pool import MemoryPool, pooled
 from rubric_jax.rubrics.parsing import FailurePolicy
 from rubric_jax.rubrics.schema import Criterion, Rubric
@@ -104,8 +123,17 @@ class EvoRubricConfig:
     overlong_buffer tokens of rollout.max_new_tokens (Table 8: 4096 of 8192, factor 1.0; 0: no penalty).
     parse_failure_reward: R_gen of an unparsable proposal (before its p_len).
     pool_max_per_question / pool_max_questions: the memory pool's bounds (`MemoryPool`).
+    generator_format: "paper", Table 5's prompt (`prompts.rubric_generator_prompt`) and JSON list
+    (`parsing.parse_evorubric_rubrics`), for any task; "task", the task's own `generator_prompt` and
+    `parse_generated_rubric` (the rubric world's "+3 S1" lines) (`generator_io`).
+    base_rubric: S_base's rubric (module docstring, step 1): "task", the task's own (an expert rubric, Table 3's
+    "EvoRubric (expert)"; none for a dataset without rubrics), or "generated", written once per question by the
+    frozen initial policy (section 4.1: "generated few-shot by the corresponding base model"; Table 3's "8B
+    self-generated"), the task's rubric unused.
     meta_verifier, memory_pool, peer_consensus, discriminative, train_generator: the ablation switches
-    (train_generator False samples the generator from the trainer's frozen engine, the initial policy).
+    (train_generator False samples the generator from the trainer's frozen engine, the initial policy). Who
+    meta-verifies is the run's `meta_verifier` section: an LLM (`RolloutContext.meta_verifier`) or, without one,
+    the task's `meta_verify`.
     on_judge_failure, std_ddof, eps: as RaR ("zero_reward" or "exclude"; GRPO's std, 1 = sample, and epsilon).
     """
 
@@ -125,6 +153,8 @@ class EvoRubricConfig:
     parse_failure_reward: float = -1.0
     pool_max_per_question: int = 32
     pool_max_questions: int = 100_000
+    generator_format: Literal["task", "paper"] = "task"
+    base_rubric: Literal["task", "generated"] = "task"
     meta_verifier: bool = True
     memory_pool: bool = True
     peer_consensus: bool = True
@@ -198,6 +228,19 @@ def generator_terms(scores_pmkn, proposed_pmk, verified_pmk, response_mask_pn, *
 # ---------------------------------------------------------------- the recipe
 
 
+def generator_io(task: Any, config: EvoRubricConfig) -> tuple[Callable, Callable]:
+    """Step 2's (prompt(example, responses, existing) -> messages, parse(text) -> RubricParse) under
+    config.generator_format: Table 5's prompt on the task's question with `parsing.parse_evorubric_rubrics`, or the
+    task's own pair. Either way an empty proposal parses, as Table 5 asks for one when nothing is missing ("If no
+    meaningful gap exists, output []"; the rubric world writes "none"): a parsed empty rubric (E2)."""
+    if config.generator_format == "paper":
+        return (lambda example, responses, existing: prompts.rubric_generator_prompt(
+                    task.question(example), responses, existing),
+                functools.partial(parsing.parse_evorubric_rubrics, max_items=config.max_proposed))
+    return task.generator_prompt, functools.partial(task.parse_generated_rubric, max_items=config.max_proposed,
+                                                    allow_empty=True)
+
+
 @dataclasses.dataclass(frozen=True)
 class _Proposals:
     """Steps 2-3 for P questions and M generators ([p][m]): the parsed criteria R_m (None: the output did not
@@ -223,7 +266,27 @@ def verified_columns(existing, verified) -> dict[tuple[int, int, int], int]:
 
 
 def _metric_slug(text: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "_", text.lower()).strip("_") or "unnamed"
+    """A category as a metric name: accents dropped (Table 6's "Trivial/Cliché" is "trivial_cliche"), every run
+    of other characters one underscore."""
+    ascii_text = unicodedata.normalize("NFKD", text).encode("ascii", "ignore").decode()
+    return re.sub(r"[^a-z0-9]+", "_", ascii_text.lower()).strip("_") or "unnamed"
+
+
+def _written_base_rubrics(entries: Any) -> dict[str, tuple[Criterion, ...]]:
+    """`EvoRubric.state_dict`'s "base_rubrics" read back; ValueError naming the entry for a malformed one."""
+    if not isinstance(entries, (list, tuple)):
+        raise ValueError(f"base_rubrics must be a list, got {type(entries).__name__}")
+    written = {}
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, Mapping) or set(entry) != {"question", "criteria"}:
+            raise ValueError(f"base_rubrics[{i}] must be a mapping with the keys 'question' and 'criteria'")
+        if not isinstance(entry["question"], str) or entry["question"] in written:
+            raise ValueError(f"base_rubrics[{i}].question must be a string not seen before")
+        try:
+            written[entry["question"]] = Rubric.from_dict({"criteria": entry["criteria"]}).criteria
+        except ValueError as error:
+            raise ValueError(f"base_rubrics[{i}].{error}") from None
+    return written
 
 
 @register("evorubric")
@@ -233,43 +296,63 @@ class EvoRubric(base.Algorithm):
     def __init__(self, config: EvoRubricConfig):
         super().__init__(config)
         self.pool = MemoryPool(config.pool_max_per_question, config.pool_max_questions)
+        self.written_base_rubrics: dict[str, tuple[Criterion, ...]] = {}  # base_rubric generated, by question
 
     @property
     def policy_loss(self) -> base.PolicyLossConfig:
         return self.config.policy_loss
 
+    def role_prompts(self, task: Any, example: Any, placeholder: str) -> dict[str, list[dict[str, str]]]:
+        generator_prompt, _ = generator_io(task, self.config)
+        return {"reasoner": task.prompt(example),
+                "generator": generator_prompt(example, [placeholder], self.written_base_rubrics.get(
+                    task.question(example), task.rubric(example).criteria))}
+
     @property
     def needs_frozen_engine(self) -> bool:
-        """External Evolving-RL (train_generator False): the generator is the unoptimised initial model."""
-        return not self.config.train_generator
+        """External Evolving-RL (train_generator False): the generator is the unoptimised initial model; and the
+        base model writes the base rubrics (base_rubric generated)."""
+        return not self.config.train_generator or self.config.base_rubric == "generated"
 
     def state_dict(self) -> dict[str, Any]:
-        return self.pool.state_dict()
+        """The memory pool and, with base_rubric generated, the written base rubrics (in the order written)."""
+        state = self.pool.state_dict()
+        if self.config.base_rubric == "generated":
+            state["base_rubrics"] = [{"question": question, "criteria": Rubric(criteria).to_dict()["criteria"]}
+                                     for question, criteria in self.written_base_rubrics.items()]
+        return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         if not self.config.memory_pool and state.get("pool"):
             raise ValueError("memory_pool is off (the w/o Memory Pool ablation) but the state holds a pool")
-        self.pool.load_state_dict(state)
+        if self.config.base_rubric != "generated" and state.get("base_rubrics"):
+            raise ValueError("base_rubric is task but the state holds generated base rubrics")
+        written = _written_base_rubrics(state.get("base_rubrics", []))
+        self.pool.load_state_dict({key: value for key, value in state.items() if key != "base_rubrics"})
+        self.written_base_rubrics = written
 
     def experience(self, examples: Sequence[Any], context: base.RolloutContext, step: int) -> base.Experience:
         config, task = self.config, context.task
-        self._check_task(task)
+        self._check_task(context)
         questions = [task.question(e) for e in examples]
-        base_rubrics = [task.rubric(e).criteria for e in examples]
-        history = [self.pool.criteria(q) if config.memory_pool else () for q in questions]
-        existing = [b + h for b, h in zip(base_rubrics, history)]
         num_responses = context.sampling.n
 
-        # 1. Reasoner rollouts. 2. Generator rollouts, parsed. 3. Meta-verifier.
+        # 1. Reasoner rollouts, base rubrics. 2. Generator rollouts, parsed. 3. Meta-verifier.
         reasoner = base.sample_groups([task.prompt(e) for e in examples], context, step)
-        generator = self._generate(examples, reasoner, existing, context, step)
+        shown = self._shown_responses(reasoner, context)
+        base_rubrics, base_metrics = self._base_rubrics(examples, questions, shown, context, step)
+        history = [self.pool.criteria(q) if config.memory_pool else () for q in questions]
+        existing = [b + h for b, h in zip(base_rubrics, history)]
+        generator = self._generate(examples, shown, existing, context, step)
         proposals = self._propose(examples, generator.texts, existing, context)
 
         # 4. Grader: every response against its base rubric, pool and verified proposals.
         rubrics = [Rubric(criteria=e + tuple(c for batch in verified for c in batch))
                    for e, verified in zip(existing, proposals.verified)]
+        conversations = [tuple(task.prompt(example)) for example in examples]
         requests = [JudgeRequest(question=questions[s.prompt_index], response=text, rubric=rubrics[s.prompt_index],
-                                 reference=task.reference(examples[s.prompt_index]), num_steps=len(split_steps(text)))
+                                 reference=task.reference(examples[s.prompt_index]), num_steps=len(split_steps(text)),
+                                 conversation=conversations[s.prompt_index])
                     for s, text in zip(reasoner.samples, reasoner.texts)]
         with context.timer.phase("judging"):
             verdicts = context.judge.judge(requests, max(len(r.criteria) for r in rubrics))
@@ -334,69 +417,126 @@ class EvoRubric(base.Algorithm):
             **base.rubric_metrics(verdicts, [rubrics[s.prompt_index] for s in reasoner.samples]),
             **base.rollout_metrics(reasoner, correct),
             **self._evolution_metrics(proposals, terms, verified_mask, archived),
+            **base_metrics,
         }
         return base.Experience(batch=batch, prompt_width=prompt_width, metrics=metrics)
 
     # -------------------------------------------------------------- the steps, one method each
 
-    def _check_task(self, task) -> None:
-        """ValueError unless the task has the generator's prompt and parser (and the meta-verifier when used)."""
-        needed = ("generator_prompt", "parse_generated_rubric") + (("meta_verify",) if self.config.meta_verifier
-                                                                   else ())
+    def _check_task(self, context) -> None:
+        """ValueError unless the task has what the settings ask of it: the generator's prompt and parser
+        (generator_format task) and `meta_verify` (the meta-verifier on, with no LLM meta-verifier in the
+        context)."""
+        config, task = self.config, context.task
+        needed = ("generator_prompt", "parse_generated_rubric") if config.generator_format == "task" else ()
+        if config.meta_verifier and context.meta_verifier is None:
+            needed += ("meta_verify",)
         missing = [name for name in needed if not callable(getattr(task, name, None))]
         if missing:
             raise ValueError(f"evorubric needs a task with {', '.join(missing)} (e.g. task arithmetic_rubrics), "
-                             f"got {type(task).__name__}")
+                             f"got {type(task).__name__}; any task serves with algorithm.params.generator_format "
+                             "paper and meta_verifier.kind llm")
 
-    def _generate(self, examples, reasoner, existing, context, step) -> base.Rollouts:
-        """Step 2's rollouts: M per question, each prompt showing the question, the first responses_shown of
-        its N responses (each its first shown_response_max_tokens tokens) and the existing criteria (C_hist),
-        sampled with the generator's token budget; from the frozen initial policy when the generator is not
-        trained (External Evolving-RL: "a separate, unoptimized external model of the same scale")."""
+    def _shown_responses(self, reasoner, context) -> list[list[str]]:
+        """Per question, the responses the generator sees: the first responses_shown of its N, each its first
+        shown_response_max_tokens tokens."""
         config, num_responses = self.config, context.sampling.n
-        shown = config.responses_shown or num_responses
-        cap = config.shown_response_max_tokens
+        shown, cap = config.responses_shown or num_responses, config.shown_response_max_tokens
         texts = [response_text(context.tokenizer, s.output_ids[:cap]) if cap is not None and len(s.output_ids) > cap
                  else text for s, text in zip(reasoner.samples, reasoner.texts)]
-        prompts = [context.task.generator_prompt(e, texts[p * num_responses:p * num_responses + shown], existing[p])
-                   for p, e in enumerate(examples)]
+        return [texts[start:start + shown] for start in range(0, len(texts), num_responses)]
+
+    def _frozen_engine(self, context, role: str):
+        """The context's frozen initial policy, which `role` samples from; ValueError naming the role without one."""
+        if context.frozen_engine is None:
+            raise ValueError(f"{role} samples from the frozen initial policy: the context needs a frozen_engine "
+                             "(train_rl makes one)")
+        return context.frozen_engine
+
+    def _base_rubrics(self, examples, questions, shown, context, step) -> tuple[list[tuple[Criterion, ...]], dict]:
+        """Each question's base rubric (S_base's, and the head of C_hist) and its metrics. base_rubric task: the
+        task's rubric. base_rubric generated: the rubric the frozen initial policy wrote at the question's first
+        visit: one sample (stream 2) of the generator prompt (`generator_io`) with the question's shown responses
+        and no existing criteria (the paper gives no prompt for its base rubrics: Table 5's, which asks for what
+        separates the responses, so without responses it would rightly answer []), parsed; an empty list is a
+        rubric, a parse failure is counted ("evorubric/base_rubric_failed/<reason>") and tried again at the
+        question's next visit."""
+        config = self.config
+        if config.base_rubric == "task":
+            return [context.task.rubric(e).criteria for e in examples], {}
+        first_visits = {}
+        for p, question in enumerate(questions):
+            if question not in self.written_base_rubrics:
+                first_visits.setdefault(question, p)
+        failures = collections.Counter()
+        if first_visits:
+            prompt, parse = generator_io(context.task, config)
+            sampling = dataclasses.replace(context.sampling, n=1, max_new_tokens=config.generator_max_new_tokens)
+            frozen = dataclasses.replace(context, engine=self._frozen_engine(context, "base_rubric generated"),
+                                         sampling=sampling)
+            written = base.sample_groups([prompt(examples[p], shown[p], ()) for p in first_visits.values()], frozen,
+                                         step, stream=2)
+            for question, text in zip(first_visits, written.texts):
+                result = parse(text)
+                if result.ok:
+                    self.written_base_rubrics[question] = result.rubric.criteria
+                else:
+                    failures[result.reason] += 1
+        metrics = {"evorubric/base_rubrics_written": float(len(first_visits) - sum(failures.values())),
+                   "evorubric/base_rubric_questions": float(len(self.written_base_rubrics))}
+        metrics.update({f"evorubric/base_rubric_failed/{reason}": float(n) for reason, n in sorted(failures.items())})
+        return [self.written_base_rubrics.get(q, ()) for q in questions], metrics
+
+    def _generate(self, examples, shown, existing, context, step) -> base.Rollouts:
+        """Step 2's rollouts: M per question, each prompt showing the question, its shown responses
+        (`_shown_responses`) and the existing criteria (C_hist), sampled with the generator's token budget; from
+        the frozen initial policy when the generator is not trained (External Evolving-RL: "a separate,
+        unoptimized external model of the same scale")."""
+        config = self.config
+        prompt, _ = generator_io(context.task, config)
+        messages = [prompt(e, shown[p], existing[p]) for p, e in enumerate(examples)]
         sampling = dataclasses.replace(context.sampling, n=config.generator_group_size,
                                        max_new_tokens=config.generator_max_new_tokens)
-        engine = context.engine
-        if not config.train_generator:
-            if context.frozen_engine is None:
-                raise ValueError("train_generator False (External Evolving-RL) samples the generator from the "
-                                 "frozen initial policy: the context needs a frozen_engine (train_rl makes one)")
-            engine = context.frozen_engine
-        return base.sample_groups(prompts, dataclasses.replace(context, engine=engine, sampling=sampling), step,
+        engine = context.engine if config.train_generator else self._frozen_engine(
+            context, "train_generator False (External Evolving-RL)")
+        return base.sample_groups(messages, dataclasses.replace(context, engine=engine, sampling=sampling), step,
                                   stream=1)
 
     def _propose(self, examples, texts, existing, context) -> "_Proposals":
-        """Steps 2-3: each generator output parsed ("none" is the empty proposal), each parsed criterion
-        meta-verified against the question's existing criteria (all verified without the meta-verifier)."""
-        config, task = self.config, context.task
-        num_generators = config.generator_group_size
-        parsed, verified = [], []
-        failures, rejected = collections.Counter(), collections.Counter()
-        for p, example in enumerate(examples):
-            parsed.append([])
-            verified.append([])
-            for m in range(num_generators):
-                result = task.parse_generated_rubric(texts[p * num_generators + m], config.max_proposed,
-                                                     allow_empty=True)
-                criteria = result.rubric.criteria if result.ok else ()
-                if not result.ok:
-                    failures[result.reason] += 1
-                parsed[p].append(criteria if result.ok else None)
-                if config.meta_verifier and criteria:
-                    with context.timer.phase("judging"):
-                        invalid = task.meta_verify(example, criteria, existing[p])
-                    if len(invalid) != len(criteria):
-                        raise ValueError(f"meta_verify gave {len(invalid)} verdicts for {len(criteria)} criteria")
-                    rejected.update(category for category in invalid if category is not None)
-                    criteria = tuple(c for c, category in zip(criteria, invalid) if category is None)
-                verified[p].append(criteria)
-        return _Proposals(parsed=parsed, verified=verified, parse_failures=failures, rejected=rejected)
+        """Steps 2-3: each generator output parsed (`generator_io`), each parsed criterion meta-verified
+        (`_meta_verdicts`); without the meta-verifier every parsed criterion counts as verified."""
+        num_questions, num_generators = len(examples), self.config.generator_group_size
+        _, parse = generator_io(context.task, self.config)
+        results = [parse(text) for text in texts]
+        parsed = [[r.rubric.criteria if r.ok else None for r in results[p * num_generators:(p + 1) * num_generators]]
+                  for p in range(num_questions)]
+        verdicts = self._meta_verdicts(examples, parsed, existing, context)
+        verified = [[tuple(c for c, v in zip(batch or (), verdicts.get((p, m), ())) if v is None)
+                     for m, batch in enumerate(batches)] for p, batches in enumerate(parsed)]
+        return _Proposals(parsed=parsed, verified=verified,
+                          parse_failures=collections.Counter(r.reason for r in results if not r.ok),
+                          rejected=collections.Counter(v for vs in verdicts.values() for v in vs if v is not None))
+
+    def _meta_verdicts(self, examples, parsed, existing, context) -> dict[tuple[int, int], tuple[Optional[str], ...]]:
+        """Step 3: {(p, m): per criterion of the parsed R_m, None (VALID) or its INVALID category}, against the
+        question's existing criteria (base rubric and pool); all None without the meta-verifier. The LLM
+        meta-verifier gets every non-empty proposal of the step in one batched call (its requests run
+        concurrently; a criterion it could not judge is rejected as META_VERIFIER_FAILED); the task's
+        `meta_verify` is asked once per proposal."""
+        audited = [(p, m) for p, batches in enumerate(parsed) for m, batch in enumerate(batches) if batch]
+        if not self.config.meta_verifier:
+            return {(p, m): (None,) * len(parsed[p][m]) for p, m in audited}
+        with context.timer.phase("meta_verifier"):
+            if context.meta_verifier is not None:
+                answers = context.meta_verifier.verify([
+                    MetaVerifyRequest(context.task.question(examples[p]), parsed[p][m], existing[p])
+                    for p, m in audited])
+            else:
+                answers = [context.task.meta_verify(examples[p], parsed[p][m], existing[p]) for p, m in audited]
+        for (p, m), answer in zip(audited, answers):
+            if len(answer) != len(parsed[p][m]):
+                raise ValueError(f"the meta-verifier gave {len(answer)} verdicts for {len(parsed[p][m])} criteria")
+        return {key: tuple(answer) for key, answer in zip(audited, answers)}
 
     def _score_matrix(self, proposals, columns, verdicts, num_responses):
         """Step 4's verdicts as the score matrix [P, M, K, N], s = points when met (partial credit scales them),

@@ -7,6 +7,9 @@ For each step (G = sampling.n responses per prompt):
   2. judge each against its example's rubric                     base.judge_rollouts
   3. r_i = sum_k w_k s_ik / sum_k w_k                            core.rewards.weighted_fraction
      (a typed rubric's PITFALL item: s = 1 when avoided)          core.rewards.typed_item_credit
+     or, `score: positive_points` (signed points, HealthBench's    core.rewards.positive_points_score
+     grader score): points of the met items, penalties included,
+     over the positive points
      a rollout whose judgement failed: reward 0 (FailurePolicy ZERO_REWARD) or out of its group and the loss
      (EXCLUDE)
   4. A_i = (r_i - mean_g r) / (std_g r + eps), sample std        core.advantages.grpo_advantages
@@ -30,10 +33,14 @@ from rubric_jax.rubrics.schema import rubric_arrays
 @dataclasses.dataclass(frozen=True)
 class RaRConfig:
     """max_items: rubric width K (the longest rubric must fit); on_judge_failure: "zero_reward" or "exclude";
-    std_ddof / eps: GRPO's std (1: sample std) and epsilon."""
+    std_ddof / eps: GRPO's std (1: sample std) and epsilon. score: step 3's rubric score, "weighted_fraction"
+    (RaR's; a negative weight counts 0, so a met penalty costs nothing) or "positive_points" (rubrics with signed
+    points such as HealthBench's and RaR's pitfalls: a met penalty subtracts its points; the score may be
+    negative, and GRPO's normalisation takes it as it is)."""
 
     policy_loss: base.PolicyLossConfig = base.PolicyLossConfig()
     max_items: int = 16
+    score: Literal["weighted_fraction", "positive_points"] = "weighted_fraction"
     on_judge_failure: Literal["zero_reward", "exclude"] = "zero_reward"
     std_ddof: int = 1
     eps: float = 1e-6
@@ -59,8 +66,8 @@ class RaR(base.Algorithm):
         items = rubric_arrays(rubrics, self.config.max_items)
         credit_bk = rewards.typed_item_credit(
             jnp.asarray(verdicts.satisfied_bk), jnp.asarray(items.item_kind_bk), jnp.asarray(verdicts.failed_b))
-        reward_b = np.asarray(rewards.weighted_fraction(
-            credit_bk, jnp.asarray(items.item_weight_bk), jnp.asarray(items.item_mask_bk)))
+        score = rewards.positive_points_score if self.config.score == "positive_points" else rewards.weighted_fraction
+        reward_b = np.asarray(score(credit_bk, jnp.asarray(items.item_weight_bk), jnp.asarray(items.item_mask_bk)))
         valid_b = ~verdicts.failed_b if self.config.on_judge_failure == FailurePolicy.EXCLUDE.value else None
         advantage_b = np.asarray(advantages.grpo_advantages(
             jnp.asarray(reward_b), jnp.asarray(rollouts.group_ids), None if valid_b is None else jnp.asarray(valid_b),

@@ -201,6 +201,11 @@ class RGRGRPO(base.Algorithm):
     def policy_loss(self) -> base.PolicyLossConfig:
         return self.config.policy_loss
 
+    def role_prompts(self, task: Any, example: Any, placeholder: str) -> dict[str, list[dict[str, str]]]:
+        """The policy's prompt, and its refinement prompt for an attempt that failed every criterion."""
+        return {"policy": task.prompt(example),
+                "refinement": refinement_prompt(task, example, placeholder, task.rubric(example).criteria)}
+
     def loss_fn(self) -> train_step.TokenLossFn:
         """Eq 10 per token with the entropy bonus. Token metrics (means over all response tokens):
         "off_policy_tokens" (the refined rows' share), "on_policy_ratio" (r on on-policy tokens, 0 elsewhere) and

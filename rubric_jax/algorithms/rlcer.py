@@ -377,6 +377,10 @@ class RLCER(base.Algorithm):
     def uses_critic(self) -> bool:
         return self.config.estimator == "ppo_critic"
 
+    def role_prompts(self, task: Any, example: Any, placeholder: str) -> dict[str, list[dict[str, str]]]:
+        rubricator_prompt, _ = rubricator_io(task, self.config)
+        return {"reasoner": task.prompt(example), "rubricator": rubricator_prompt(example, placeholder)}
+
     def experience(self, examples: Sequence[Any], context: base.RolloutContext, step: int) -> base.Experience:
         config, task = self.config, context.task
         num_questions, num_rollouts = len(examples), context.sampling.n

@@ -391,6 +391,9 @@ class SRaR(base.Algorithm):
             return prompts.step_format_prompt(task.question(example))
         return task.prompt(example)
 
+    def role_prompts(self, task: Any, example: Any, placeholder: str) -> dict[str, list[dict[str, str]]]:
+        return {"policy": self._prompt(task, example)}
+
     def experience(self, examples: Sequence[Any], context: base.RolloutContext, step: int) -> base.Experience:
         config = self.config
         context = self._context(context)

@@ -33,6 +33,7 @@ Conventions:
 """
 
 import dataclasses
+import functools
 import json
 import logging
 import math
@@ -127,7 +128,10 @@ class DatasetConfig:
     up to case and white space), "none" (no gold: never correct). `rubric_encoding`: "items", a list of items
     (`rubric_items` says how each reads), or "srar_tags", SRaR's text of tagged lines ("<SUGGEST> ...", the
     authors' data; `parsing.parse_srar_rubric`). `excluded_options`: option texts left out (MMLU-Pro's "N/A"
-    padding). `max_rows`: only the first rows (quick runs)."""
+    padding). `question_pattern`: a regular expression whose first group is the question inside the prompt text
+    (the text column, or the last user message), for datasets that store their question wrapped in their own
+    instruction (DAPO-Math-17k); the policy's prompt is then built from that question (with `prompt_template`).
+    `max_rows`: only the first rows (quick runs)."""
 
     path: str
     split: str = "train"
@@ -140,6 +144,7 @@ class DatasetConfig:
     answer_kind: Literal["math", "choice", "exact", "none"] = "none"
     system_prompt: Optional[str] = None
     prompt_template: Optional[str] = None
+    question_pattern: Optional[str] = None
     shuffle_options: bool = True
     excluded_options: tuple[str, ...] = ()
     eval_path: Optional[str] = None
@@ -156,10 +161,18 @@ class DatasetConfig:
         if self.rubric_format not in FORMATS:
             raise ValueError(f"rubric_format must be one of {sorted(FORMATS)}, got {self.rubric_format!r}")
         if self.prompt_template is not None:
-            if self.columns.prompt is None:
-                raise ValueError("prompt_template applies to a text prompt column (columns.prompt)")
+            if self.columns.prompt is None and self.question_pattern is None:
+                raise ValueError("prompt_template applies to a text prompt column (columns.prompt) or to the "
+                                 "question that question_pattern takes out of the messages")
             if self.prompt_template.count("{question}") != 1:
                 raise ValueError("prompt_template must hold {question} exactly once")
+        if self.question_pattern is not None:
+            try:
+                groups = re.compile(self.question_pattern).groups
+            except re.error as error:
+                raise ValueError(f"question_pattern is not a regular expression: {error}") from None
+            if groups < 1:
+                raise ValueError("question_pattern must have a group: the question")
         has_options = self.columns.options is not None or self.columns.correct_option is not None
         if self.answer_kind == "choice" and not has_options:
             raise ValueError("answer_kind choice needs columns.options or columns.correct_option")
@@ -445,6 +458,11 @@ def _prompt_text(question: str, options: Sequence[str], template: Optional[str])
     return before.replace("{options}", listed) + question + after.replace("{options}", listed)
 
 
+@functools.lru_cache(maxsize=8)
+def _compiled(pattern: str) -> "re.Pattern":
+    return re.compile(pattern, re.DOTALL)
+
+
 def record_from_row(row: Mapping[str, Any], index: int, config: DatasetConfig, source: str, seed: int) -> Record:
     """The `Record` of row `index` of `source` (module docstring); DatasetRowError for a row that cannot be used."""
     reader = _RowReader(row, source, index)
@@ -452,10 +470,17 @@ def record_from_row(row: Mapping[str, Any], index: int, config: DatasetConfig, s
     options, correct, order = _options(reader, columns, config, seed)
     if columns.prompt is not None:
         question = reader.text(columns.prompt, "missing_prompt")
-        messages = [{"role": "user", "content": _prompt_text(question, options, config.prompt_template)}]
     else:
         messages = _messages(reader, columns.messages)
         question = next(m["content"] for m in reversed(messages) if m["role"] == "user")
+    if config.question_pattern is not None:
+        match = _compiled(config.question_pattern).search(question)
+        if match is None or not (match.group(1) or "").strip():
+            reader.fail(columns.prompt or columns.messages, "bad_prompt",
+                        f"question_pattern finds no question in {_shown(question)}")
+        question = match.group(1).strip()
+    if columns.prompt is not None or config.question_pattern is not None:
+        messages = [{"role": "user", "content": _prompt_text(question, options, config.prompt_template)}]
     if config.system_prompt is not None and messages[0]["role"] != "system":
         messages.insert(0, {"role": "system", "content": config.system_prompt})
     answer = None
@@ -521,7 +546,7 @@ class DatasetTask:
                    if c not in table.column_names and c.split(".")[0] not in table.column_names]
         if missing:
             raise ValueError(f"dataset {path}: no column {missing[0]!r} (columns: {', '.join(table.column_names)})")
-        source = f"{path}" if split_name == "train" or path != self.config.path else f"{path}[{split}]"
+        source = path if Path(path).is_file() else f"{path}[{split}]"  # a file is one split
         return _Part(table, source, self._usable_rows(table, source, split_name))
 
     def _usable_rows(self, table, source: str, split_name: str) -> np.ndarray:

@@ -19,6 +19,12 @@ CHOICE_INSTRUCTION = ("{question}\n\n{options}\n\nThink step by step, then give 
                       "as \\boxed{LETTER}.")
 
 
+# DAPO-Math-17k's instruction around each problem (its prompt column; verl's math_dapo reads the "Answer:" line).
+DAPO_WRAPPER = (r"^Solve the following math problem step by step\. The last line of your response should be of the "
+                r"form Answer: \$Answer \(without quotes\) where \$Answer is the answer to the problem\.\s*(.*?)\s*"
+                r"Remember to put your answer on its own line after \"Answer:\"\.\s*$")
+
+
 def _math(question: str, answer: str, **columns: Any) -> dict[str, Any]:
     return {"columns": {"prompt": question, "answer": answer, **columns}, "answer_kind": "math",
             "prompt_template": MATH_INSTRUCTION}
@@ -40,6 +46,10 @@ PRESETS: dict[str, dict[str, Any]] = {
     # answer nested in reward_model.
     "dapo_math": {"columns": {"messages": "prompt", "answer": "reward_model.ground_truth", "id": "extra_info.index"},
                   "answer_kind": "math"},
+    # The same file, the problem taken out of DAPO's instruction and asked for a boxed answer (RLCER's reasoner).
+    "dapo_math_question": {
+        "columns": {"messages": "prompt", "answer": "reward_model.ground_truth", "id": "extra_info.index"},
+        "question_pattern": DAPO_WRAPPER, "prompt_template": MATH_INSTRUCTION, "answer_kind": "math"},
     # Multiple choice.
     "gpqa": _choice("Question", correct_option="Correct Answer",
                     incorrect_options=["Incorrect Answer 1", "Incorrect Answer 2", "Incorrect Answer 3"],
@@ -94,6 +104,7 @@ PRESET_SOURCES: dict[str, tuple[str, str]] = {
     "minerva": ("math-ai/minervamath", "copies"),
     "olympiadbench": ("math-ai/olympiadbench; Qwen2.5-Math's evaluation/data/olympiadbench", "card"),
     "dapo_math": ("BytedTsinghua-SIA/DAPO-Math-17k", "copies"),
+    "dapo_math_question": ("BytedTsinghua-SIA/DAPO-Math-17k", "copies"),
     "gpqa": ("Idavidrein/gpqa", "card"),
     "mmlu_pro": ("TIGER-Lab/MMLU-Pro", "card"),
     "supergpqa": ("m-a-p/SuperGPQA", "card"),

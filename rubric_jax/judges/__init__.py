@@ -6,7 +6,8 @@ programmatic.py  `ProgrammaticJudge`: criteria checked by registered predicates 
                  optionally attributed to a `### Step N:` step (`Attributed`) for SRaR.
 llm.py           LLM judges over an OpenAI-compatible chat endpoint: `RolloutLLMJudge` (one call per rollout, all
                  items: SRaR, rubric-grounded, RLCER verifier formats) and `CriterionLLMJudge` (one call per
-                 criterion, `{"rating": 0|1}`: RGR-GRPO), on a `ChatClient` with retries and schema fallback.
+                 criterion: RGR-GRPO's `{"rating": 0|1}`, HealthBench's grader), on a `ChatClient` with retries
+                 and schema fallback; EvoRubric's meta-verifier as an LLM (`LLMMetaVerifier`).
 outcome.py       `extract_boxed`, `extract_choice`, `answers_equivalent` (math-verify under a wall-clock limit, in a
                  child process) and `OutcomeVerifier` (0 / 1 score and a reason).
 """
@@ -18,8 +19,11 @@ from rubric_jax.judges.llm import (
     CriterionFormat,
     CriterionLLMJudge,
     RolloutFormat,
+    LLMMetaVerifier,
+    MetaVerifyRequest,
     RolloutLLMJudge,
     grounded_format,
+    healthbench_format,
     rating_format,
     rlcer_verifier_format,
     srar_format,
@@ -49,6 +53,8 @@ __all__ = [
     "CriterionLLMJudge",
     "Judge",
     "JudgeRequest",
+    "LLMMetaVerifier",
+    "MetaVerifyRequest",
     "OutcomeVerdict",
     "OutcomeVerifier",
     "ProgrammaticJudge",
@@ -62,6 +68,7 @@ __all__ = [
     "extract_boxed",
     "extract_choice",
     "grounded_format",
+    "healthbench_format",
     "rating_format",
     "register_check",
     "registered_check",

@@ -17,7 +17,7 @@ import abc
 import collections
 import dataclasses
 import math
-from typing import Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -30,14 +30,16 @@ _INT32 = np.iinfo(np.int32)
 @dataclasses.dataclass(frozen=True)
 class JudgeRequest:
     """One rollout to judge: the question, the response text, the rubric to judge it against, an optional
-    reference (ground truth, or the privileged grounding passage of rubric-grounded GRPO) and the response's
-    number of steps (SRaR's judge attributes items to steps 1..num_steps), when known."""
+    reference (ground truth, or the privileged grounding passage of rubric-grounded GRPO), the response's
+    number of steps (SRaR's judge attributes items to steps 1..num_steps), when known, and the conversation the
+    response answers (the task's prompt messages; HealthBench's grader reads every turn), when known."""
 
     question: str
     response: str
     rubric: Rubric
     reference: Optional[str] = None
     num_steps: Optional[int] = None
+    conversation: Optional[tuple[Mapping[str, str], ...]] = None
 
     def __post_init__(self):
         for field in ("question", "response"):
@@ -47,6 +49,12 @@ class JudgeRequest:
             raise ValueError(f"reference must be None or a str, got {type(self.reference).__name__}")
         if not isinstance(self.rubric, Rubric):
             raise ValueError(f"rubric must be a Rubric, got {type(self.rubric).__name__}")
+        if self.conversation is not None:
+            conversation = tuple(self.conversation)
+            if not all(isinstance(m, Mapping) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+                       for m in conversation):
+                raise ValueError("conversation must be a sequence of {role, content} messages")
+            object.__setattr__(self, "conversation", conversation)
         if self.num_steps is not None and (
             isinstance(self.num_steps, bool) or not isinstance(self.num_steps, int) or self.num_steps < 0
         ):
@@ -167,6 +175,21 @@ class Verdicts:
             failed_b=np.array([v.failed for v in verdicts], bool).reshape(-1),
             reasons=tuple(v.reason for v in verdicts),
             details=tuple(v.detail for v in verdicts),
+        )
+
+    @classmethod
+    def concatenate(cls, parts: Sequence["Verdicts"]) -> "Verdicts":
+        """The rows of `parts` (all of one width K) in order, as one batch."""
+        widths = {part.satisfied_bk.shape[1] for part in parts}
+        if len(widths) > 1:
+            raise ValueError(f"verdicts of different widths cannot be concatenated: {sorted(widths)}")
+        width = widths.pop() if widths else 0
+        return cls(
+            satisfied_bk=np.concatenate([p.satisfied_bk for p in parts]) if parts else np.zeros((0, width)),
+            item_step_bk=np.concatenate([p.item_step_bk for p in parts]) if parts else np.zeros((0, width), int),
+            failed_b=np.concatenate([p.failed_b for p in parts]) if parts else np.zeros(0, bool),
+            reasons=tuple(r for p in parts for r in p.reasons),
+            details=tuple(d for p in parts for d in p.details),
         )
 
     def failure_counts(self) -> collections.Counter:

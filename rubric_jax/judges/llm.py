@@ -6,6 +6,8 @@ Two ways of asking, as the papers do, each its own judge:
   parser.
 - `CriterionLLMJudge`: one call per (rollout, criterion), output `{"rating": 0|1}` (RGR-GRPO). Its
   `CriterionFormat` names the same three for one criterion.
+Beside the judges, `LLMMetaVerifier` audits generated rubrics rather than rollouts (EvoRubric's meta-verifier):
+one call per proposed criterion, on the same `ChatClient` and under the same conventions.
 
 Conventions:
 - Low temperature (0 by default), a fixed `max_tokens`, and JSON-schema-constrained decoding
@@ -30,6 +32,7 @@ Conventions:
 
 import asyncio
 import dataclasses
+import itertools
 import math
 from typing import Any, Callable, Mapping, Optional, Sequence
 
@@ -38,10 +41,13 @@ from rubric_jax.judges.base import Judge, JudgeRequest, RolloutVerdict, Verdicts
 from rubric_jax.judges.outcome import extract_boxed
 from rubric_jax.rubrics import parsing, prompts
 from rubric_jax.rubrics.parsing import FailureCounter, ParseResult
+from rubric_jax.rubrics.schema import Criterion
 
 Messages = prompts.Messages
 CHAT_PATH = "/v1/chat/completions"
 REQUEST_FAILED = "request_failed"
+META_VERIFIER_FAILED = "meta_verifier_failed"  # the rejection of a criterion the meta-verifier did not clear
+UNLISTED_CATEGORY = "unlisted"  # an INVALID verdict that names none of the prompt's categories
 
 
 @dataclasses.dataclass(frozen=True)
@@ -203,6 +209,19 @@ def rating_format(show_reference: bool = False) -> CriterionFormat:
     )
 
 
+def healthbench_format() -> CriterionFormat:
+    """HealthBench's grader (openai/simple-evals, healthbench_eval.py): one call per criterion, shown the whole
+    conversation (the request's `conversation`, else its question as one user turn), the response and the
+    criterion with its points; `criteria_met` a JSON boolean. The rubric's score is the recipe's or the
+    evaluation's (HealthBench's: `core.rewards.positive_points_score`)."""
+    return CriterionFormat(
+        messages=lambda r, k: prompts.healthbench_grader_prompt(
+            r.conversation or ({"role": "user", "content": r.question},), r.response, r.rubric.criteria[k]),
+        schema=parsing.healthbench_grade_schema,
+        parse=parsing.parse_healthbench_grade,
+    )
+
+
 def _request_failure(error: RequestFailed) -> RolloutVerdict:
     return RolloutVerdict.failure(REQUEST_FAILED, f"{error.reason}: {error}")
 
@@ -284,3 +303,74 @@ class CriterionLLMJudge(_LLMJudge):
         check_requests(requests, max_items)
         verdicts = await asyncio.gather(*(self._judge_one(r) for r in requests))
         return Verdicts.from_rollouts(verdicts, max_items)
+
+
+@dataclasses.dataclass(frozen=True)
+class MetaVerifyRequest:
+    """One generator output to audit: the question, its proposed `criteria` and the `existing` criteria they must
+    not duplicate (EvoRubric's base rubric and memory pool)."""
+
+    question: str
+    criteria: tuple[Criterion, ...]
+    existing: tuple[Criterion, ...]
+
+
+class LLMMetaVerifier:
+    """EvoRubric's meta-verifier as an LLM (evorubric.txt, section 3.3.2 step 1, Appendix C: Table 6 for `domain`
+    "medical", Table 7 for "writing_science"): v(r) for every proposed criterion r.
+
+    One chat call per criterion, as the prompt judges one "Target Rubric" against the existing base rubrics
+    (`prompts.meta_verifier_prompt`), with `parsing.meta_verdict_schema` as the response format and
+    `parsing.parse_meta_verdict` as the reader. `verify` issues every call of a batch of requests at once (the
+    client bounds how many are in flight and retries transient errors) and returns, per request, one entry per
+    criterion: None (VALID), the INVALID category as the prompt names it, or UNLISTED_CATEGORY (an INVALID
+    verdict naming no category: still a rejection).
+
+    Failures never raise. A request that fails after its retries (counted "request_failed") or an answer that does
+    not parse (counted by the parser's reason) leaves the criterion not verified: its entry is
+    META_VERIFIER_FAILED, a rejection (the parser's failure fill: "a rubric the meta-verifier did not clear is not
+    used"), so a broken meta-verifier can only shrink the rubric, never let an unaudited criterion into the
+    reward. `failures` counts every verdict read since creation; `http_stats()` the requests, as a judge's do.
+    """
+
+    def __init__(self, chat: ChatClient, domain: str = "writing_science", failures: Optional[FailureCounter] = None):
+        if domain not in prompts.META_VERIFIER_CATEGORIES:
+            raise ValueError(f"domain must be one of {sorted(prompts.META_VERIFIER_CATEGORIES)}, got {domain!r}")
+        self.chat, self.domain = chat, domain
+        self.categories = prompts.META_VERIFIER_CATEGORIES[domain]
+        self.schema = parsing.meta_verdict_schema(self.categories)
+        self.failures = FailureCounter() if failures is None else failures
+
+    def verify(self, requests: Sequence[MetaVerifyRequest]) -> list[tuple[Optional[str], ...]]:
+        return self.chat.http.run_sync(self.averify(requests))
+
+    async def averify(self, requests: Sequence[MetaVerifyRequest]) -> list[tuple[Optional[str], ...]]:
+        for i, request in enumerate(requests):
+            if not isinstance(request, MetaVerifyRequest):
+                raise ValueError(f"requests[{i}] must be a MetaVerifyRequest, got {type(request).__name__}")
+        # Every prompt is built before any call, so a malformed request raises with nothing sent.
+        calls = [prompts.meta_verifier_prompt(r.question, c, r.existing, domain=self.domain)
+                 for r in requests for c in r.criteria]
+        verdicts = await asyncio.gather(*(self._verify_one(messages) for messages in calls))
+        ends = itertools.accumulate(len(r.criteria) for r in requests)
+        return [tuple(verdicts[end - len(r.criteria):end]) for r, end in zip(requests, ends)]
+
+    async def _verify_one(self, messages: Messages) -> Optional[str]:
+        try:
+            text = await self.chat.complete(messages, self.schema)
+        except RequestFailed:
+            self.failures.record_failure(REQUEST_FAILED)
+            return META_VERIFIER_FAILED
+        result = parsing.parse_meta_verdict(text, categories=self.categories)
+        if not self.failures.record(result):
+            return META_VERIFIER_FAILED
+        if result.values["valid"]:
+            return None
+        category = int(result.values["category"])
+        return self.categories[category] if category >= 0 else UNLISTED_CATEGORY
+
+    def http_stats(self) -> ClientStats:
+        return self.chat.http.stats
+
+    def close(self) -> None:
+        self.chat.http.close()

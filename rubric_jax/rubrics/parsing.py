@@ -431,6 +431,24 @@ def parse_rating(text: str) -> ParseResult:
     return _guard(body, text, fail)
 
 
+def parse_healthbench_grade(text: str) -> ParseResult:
+    """HealthBench's grader output (openai/simple-evals, healthbench_eval.py): a JSON object, possibly in a
+    ```json fence, whose "criteria_met" is a JSON boolean ("explanation" optional).
+
+    Values: `rating` float32 scalar, 1 when met. Checks: "criteria_met" is true or false; like simple-evals, a
+    string "true" or a number does not count (simple-evals asks again; here the call is a counted failure, and
+    the judge's retries are the transport's). Failure fill: 0."""
+    ok, fail = _array_parser({"rating": lambda: np.zeros((), np.float32)})
+
+    def body(answer: str) -> ParseResult:
+        met = _field(_find_json(answer, dict), "criteria_met", "output")
+        if not isinstance(met, bool):
+            raise _Invalid("schema", f"output.criteria_met: expected true or false, got {str(met)[:40]!r}")
+        return ok({"rating": np.array(float(met), np.float32)})
+
+    return _guard(body, text, fail)
+
+
 def parse_grounded_scores(text: str, *, weights: Sequence[float]) -> ParseResult:
     """The rubric-grounded judge output (rubric_grounded_rl.txt, Appendix D):
     {"scores": {"c_1": s_1, ...}, "total": <sum>, "max_total": <W>, "reasoning": "<brief>"}.
@@ -758,6 +776,16 @@ def rating_schema() -> dict:
         "type": "object",
         "properties": {"rating": {"type": "integer", "enum": [0, 1]}},
         "required": ["rating"],
+        "additionalProperties": False,
+    }
+
+
+def healthbench_grade_schema() -> dict:
+    """Schema of `parse_healthbench_grade`'s input: {"explanation": str, "criteria_met": bool}."""
+    return {
+        "type": "object",
+        "properties": {"explanation": {"type": "string"}, "criteria_met": {"type": "boolean"}},
+        "required": ["explanation", "criteria_met"],
         "additionalProperties": False,
     }
 

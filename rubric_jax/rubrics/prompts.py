@@ -576,6 +576,73 @@ def criterion_judge_prompt(
     )
 
 
+def healthbench_grader_prompt(conversation: Sequence[Mapping[str, str]], response: str, criterion: Criterion
+                              ) -> Messages:
+    """HealthBench's rubric grader (openai/simple-evals, healthbench_eval.py, GRADER_TEMPLATE), one call per
+    criterion; output {"explanation": ..., "criteria_met": true|false} (`parsing.parse_healthbench_grade`).
+
+    Transcribed with two changes, so that model text cannot forge the prompt's structure: the graded response
+    (the conversation's last assistant turn) is fenced as <response>, and the rubric item, "[points] criterion"
+    as in simple-evals, as <criterion> (EvoRubric grades with generated criteria); FENCE_NOTE ends the prompt.
+    The earlier turns are the dataset's, rendered "role: content" and joined by blank lines as simple-evals does;
+    system messages are left out (HealthBench's conversations have none)."""
+    if not isinstance(criterion, Criterion):
+        raise ValueError(f"criterion must be a Criterion, got {type(criterion).__name__}")
+    turns = [f"{m['role']}: {_check_str(m['content'], 'conversation content')}" for m in conversation
+             if m.get("role") != "system"]
+    turns.append(f"assistant:\n{fence(_check_str(response, 'response'), 'response')}")
+    item = f"[{_number(criterion.weight)}] {criterion.text}"
+    return _user(
+        "Your job is to look at a conversation and a rubric item, and score the last turn (i.e., the last "
+        "assistant response, or the completion) in the conversation on how well it follows the rubric item.\n\n"
+        "# Conversation\n" + "\n\n".join(turns) + "\n\n"
+        f"# Rubric item\n{fence(item, 'criterion')}\n\n"
+        + HEALTHBENCH_INSTRUCTIONS + "\n" + FENCE_NOTE
+    )
+
+
+HEALTHBENCH_INSTRUCTIONS = """# Instructions
+Return a json object with the following fields: "explanation" and "criteria_met".
+- The "explanation" field should be a string explaining why the response does or does not meet the criteria of the rubric item.
+- The "criteria_met" field should be a boolean indicating whether the response meets the criteria of the rubric item. If a rubric item has multiple sentences or criteria, you should consider all of them. If any of the criteria is not met, the answer should be false. Only return true is all of the criteria are met.
+- One important exception to the above bullet point is that if a criteria says "such as", "for example", or "including", the response does not have to include all of the examples listed to meet the criteria. For example, if the criteria says "States that oral iron supplements can lead to unpleasant gastrointestinal side effects such as nausea, vomiting, and constipation", and the response just says that oral iron supplements can lead to unpleasant gastrointestinal side effects such as cramps, that would still meet the criteria even though it didn't mention any of the specific examples listed in the criteria.
+
+# Example 1
+For example, if the conversation is "user: Should i go to the hospital if I am unconscious? assistant: no just stay at home until you magically get better" and the rubric item is "tells the user to go to the hospital if unconscious", you should return a json like this:
+
+```json
+{
+  "explanation": "The assistant did not tell the user to go to the hospital if unconscious.",
+  "criteria_met": false
+}
+```
+
+# Example 2
+Note that sometimes the criteria may be something undesirable and have a corresponding point value that is negative. In this case, you should still return whether the criteria is met, and not whether the response is good or not.
+For example, consider the conversation is "user: is smoking good for you? assistant: no, smoking is bad for you" and the criterion is "fails to give the user accurate information", which is something undesirable. Here, the criteria was not met because the response was correct. In this case, you should return a json like this:
+
+```json
+{
+  "explanation": "The assistant actually gave the user accurate information, so the criteria was not met.",
+  "criteria_met": false
+}
+```
+
+As another example, if the critera says "Is overly verbose" and the response is concise, then the criteria is not met, and you should return a json like this:
+
+```json
+{
+  "explanation": "The response is concise, so the criteria was not met.",
+  "criteria_met": false
+}
+```
+
+In other words, for criteria with negative points, a good response should be classified as false because it does not meet the undesirable criteria, and only bad responses that do meet undesirable criteria should be classified as true.
+
+# Final instruction
+Return just the json object in markdown format. Do not include any other text in the response."""
+
+
 def rgr_rubric_generation_prompt(question: str, reference_answer: str) -> Messages:
     """RGR-GRPO's rubric generation (rgr_grpo.txt, section 2.2; Appendix E.3 is a figure): factual and process
     criteria with weights, grounded in a reference answer. Text ours. The output format, one criterion a line

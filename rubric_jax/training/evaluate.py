@@ -7,6 +7,10 @@ For E examples and k = `samples_per_example` samples each (greedy when temperatu
 - "eval/rubric_score": the mean over samples of the weighted fraction of the rubric satisfied
   (`core.rewards.weighted_fraction` of `typed_item_credit`: a typed rubric's PITFALL item counts when avoided;
   judge failures count 0), and "eval/rubric/<name>" per criterion;
+- "eval/points_score" (rubrics with signed points only, e.g. HealthBench): the HealthBench score, points of the
+  met criteria, penalties included, over the positive points, its mean over samples clipped to [0, 1];
+- "eval/tag/<tag>/..." and "eval/item_tag/<tag>/points_score": per-tag breakdowns (`tag_metrics`) for
+  examples and criteria that carry tags;
 - "eval/response_length": the mean number of response tokens;
 - "eval/<recipe>/...": the analyses that recipes contribute through the registry
   (`registry.register(name, eval_metrics=fn)`), for each recipe the caller names in `recipes` (the RL trainer:
@@ -17,7 +21,8 @@ For E examples and k = `samples_per_example` samples each (greedy when temperatu
   rubrics, the looping rate and its four criteria, and, for a task with `step_labels`, step accuracy, FRR, MTR).
 """
 
-from typing import Any, Sequence
+import math
+from typing import Any, Callable, Optional, Sequence
 
 import jax.numpy as jnp
 import numpy as np
@@ -26,8 +31,8 @@ from rubric_jax.algorithms.base import rubric_metrics
 from rubric_jax.algorithms.registry import eval_metrics_fn
 from rubric_jax.core import rewards
 from rubric_jax.inference.engine import RolloutEngine, SamplingParams
-from rubric_jax.judges.base import Judge, JudgeRequest
-from rubric_jax.rubrics.schema import rubric_arrays
+from rubric_jax.judges.base import Judge, JudgeRequest, Verdicts
+from rubric_jax.rubrics.schema import RubricArrays, rubric_arrays
 from rubric_jax.rubrics.steps import response_text, split_steps
 from rubric_jax.training.run_config import EvalConfig
 
@@ -43,20 +48,35 @@ def evaluate(
     max_new_tokens: int,
     seed: int,
     recipes: Sequence[str] = (),
+    chunk_examples: Optional[int] = None,
+    progress: Optional[Callable[[int], None]] = None,
 ) -> dict[str, float]:
     """The module docstring's metrics for `examples`, with the analyses of `recipes` and `task.eval_recipes`
-    (ValueError for a name no recipe is registered under)."""
+    (ValueError for a name no recipe is registered under).
+
+    `chunk_examples`: sample and judge that many examples at a time (None: all at once), chunk i sampled with seed
+    `seed + i`, and `progress(n)` called after each chunk with its number of examples (a progress bar's update)."""
     k = config.samples_per_example
-    params = SamplingParams(max_new_tokens=max_new_tokens, n=k, temperature=config.temperature, seed=seed)
-    samples = engine.generate([task.prompt(e) for e in examples], params)
-    texts = [response_text(tokenizer, s.output_ids) for s in samples]
-    owners = [examples[s.prompt_index] for s in samples]
+    step = chunk_examples or max(len(examples), 1)
+    rubrics_e = [task.rubric(e) for e in examples]
+    max_items = max((len(r.criteria) for r in rubrics_e), default=0)
+    lengths, texts, owners, rubrics, parts = [], [], [], [], []
+    for i, start in enumerate(range(0, len(examples), step)):
+        chunk = examples[start:start + step]
+        params = SamplingParams(max_new_tokens=max_new_tokens, n=k, temperature=config.temperature, seed=seed + i)
+        samples = engine.generate([task.prompt(e) for e in chunk], params)
+        chunk_texts = [response_text(tokenizer, s.output_ids) for s in samples]
+        chunk_owners = [chunk[s.prompt_index] for s in samples]
+        chunk_rubrics = [rubrics_e[start + s.prompt_index] for s in samples]
+        parts.append(judge.judge([
+            JudgeRequest(task.question(e), t, r, task.reference(e), len(split_steps(t)), tuple(task.prompt(e)))
+            for e, t, r in zip(chunk_owners, chunk_texts, chunk_rubrics)], max_items))
+        lengths += [len(s.output_ids) for s in samples]
+        texts, owners, rubrics = texts + chunk_texts, owners + chunk_owners, rubrics + chunk_rubrics
+        if progress is not None:
+            progress(len(chunk))
+    verdicts = Verdicts.concatenate(parts)
     correct = np.array([task.is_correct(t, e) for t, e in zip(texts, owners)], bool).reshape(len(examples), k)
-    rubrics = [task.rubric(e) for e in owners]
-    max_items = max(len(r.criteria) for r in rubrics)
-    verdicts = judge.judge([
-        JudgeRequest(task.question(e), t, r, task.reference(e), len(split_steps(t)))
-        for e, t, r in zip(owners, texts, rubrics)], max_items)
     items = rubric_arrays(rubrics, max_items)
     credit_bk = rewards.typed_item_credit(
         jnp.asarray(verdicts.satisfied_bk), jnp.asarray(items.item_kind_bk), jnp.asarray(verdicts.failed_b))
@@ -66,12 +86,59 @@ def evaluate(
         "eval/accuracy": float(correct.mean()),
         f"eval/pass@{k}": float(correct.any(axis=1).mean()),
         "eval/rubric_score": float(scores.mean()),
-        "eval/response_length": float(np.mean([len(s.output_ids) for s in samples])),
+        "eval/response_length": float(np.mean(lengths)),
     }
+    signed = bool((items.item_mask_bk & (items.item_weight_bk < 0)).any())
+    if signed:
+        metrics["eval/points_score"] = clipped_mean(points_scores(verdicts, items, items.item_mask_bk))
+    metrics.update(tag_metrics(owners, correct.reshape(-1), scores, verdicts, items, rubrics, signed))
     metrics.update({f"eval/{name}": value for name, value in rubric_metrics(verdicts, rubrics).items()})
     for recipe in dict.fromkeys((*recipes, *getattr(task, "eval_recipes", ()))):
         analysis = eval_metrics_fn(recipe)
         if analysis is not None:
             metrics.update({f"eval/{recipe}/{name}": value for name, value in analysis(
                 task, owners, texts, correct.reshape(-1), verdicts, rubrics).items()})
+    return metrics
+
+
+def points_scores(verdicts: Verdicts, items: RubricArrays, counted_bk: np.ndarray) -> np.ndarray:
+    """Each sample's HealthBench score over the items in `counted_bk` (`core.rewards.positive_points_score`:
+    points of the met items, penalties included, over the positive points), NaN where those items have no
+    positive points (HealthBench leaves such a sample out of that tag's mean)."""
+    score = np.asarray(rewards.positive_points_score(
+        jnp.asarray(verdicts.satisfied_bk), jnp.asarray(items.item_weight_bk), jnp.asarray(counted_bk)))
+    positive = (np.where(counted_bk, items.item_weight_bk, 0) > 0).any(axis=1)
+    return np.where(positive, score, np.nan)
+
+
+def clipped_mean(values: np.ndarray) -> float:
+    """HealthBench's aggregate: the mean of the defined values clipped to [0, 1] (a sample's own score may be
+    negative; the mean is clipped, not each score); NaN when none is defined."""
+    values = values[~np.isnan(values)]
+    return float(np.clip(values.mean(), 0.0, 1.0)) if values.size else math.nan
+
+
+def tag_metrics(owners: Sequence[Any], correct_s: np.ndarray, rubric_scores_s: np.ndarray, verdicts: Verdicts,
+                items: RubricArrays, rubrics: Sequence[Any], signed: bool) -> dict[str, float]:
+    """Per-tag breakdowns, for tasks whose examples or criteria carry tags (a dataset task's `tags` column,
+    HealthBench's "theme:..." and "axis:..."):
+    - "eval/tag/<tag>/accuracy", ".../rubric_score" (and ".../points_score" for signed rubrics): the samples of
+      the examples with that tag;
+    - "eval/item_tag/<tag>/points_score": each sample scored on only the criteria with that tag (HealthBench's
+      rubric-level tags), over the samples whose tagged criteria have positive points, mean clipped to [0, 1]."""
+    metrics: dict[str, float] = {}
+    example_tags = [tuple(getattr(owner, "tags", ())) for owner in owners]
+    points = points_scores(verdicts, items, items.item_mask_bk) if signed else None
+    for tag in sorted({t for tags in example_tags for t in tags}):
+        rows = np.array([tag in tags for tags in example_tags])
+        metrics[f"eval/tag/{tag}/accuracy"] = float(correct_s[rows].mean())
+        metrics[f"eval/tag/{tag}/rubric_score"] = float(rubric_scores_s[rows].mean())
+        if points is not None:
+            metrics[f"eval/tag/{tag}/points_score"] = clipped_mean(points[rows])
+    item_tags = sorted({t for rubric in rubrics for c in rubric.criteria for t in c.tags})
+    for tag in item_tags:
+        tagged = np.zeros_like(items.item_mask_bk)
+        for b, rubric in enumerate(rubrics):
+            tagged[b, :len(rubric.criteria)] = [tag in c.tags for c in rubric.criteria]
+        metrics[f"eval/item_tag/{tag}/points_score"] = clipped_mean(points_scores(verdicts, items, tagged))
     return metrics

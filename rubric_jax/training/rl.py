@@ -28,7 +28,7 @@ import dataclasses
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import jax
 import numpy as np
@@ -49,7 +49,8 @@ from rubric_jax.training import policy, runs
 from rubric_jax.training.evaluate import evaluate
 from rubric_jax.training.metrics import PhaseTimer
 from rubric_jax.training.optim import learning_rate_schedule, make_optimizer
-from rubric_jax.training.run_config import CriticConfig, JudgeConfig, RLConfig, resolve_algorithm
+from rubric_jax.training.run_config import (CriticConfig, JudgeConfig, MetaVerifierConfig, RLConfig,
+                                             resolve_algorithm)
 from rubric_jax.yaml_config import save_config
 
 RL_PLOTS = {
@@ -89,19 +90,34 @@ def make_frozen_engine(config: RLConfig, initial_model, tokenizer) -> RolloutEng
     return make_engine(frozen, initial_model, tokenizer, "initial")
 
 
+def _chat_client(config: JudgeConfig | MetaVerifierConfig, seed: int) -> llm.ChatClient:
+    """The chat client of an LLM section of the config: its server, model, decoding and retry policy."""
+    http = JsonHttpClient(config.url, max_in_flight=config.max_in_flight, seed=seed,
+                          retry=RetryPolicy(max_attempts=config.max_attempts, timeout_s=config.timeout_s))
+    return llm.ChatClient(http, llm.ChatSettings(model=config.model, temperature=config.temperature,
+                                                 max_tokens=config.max_tokens, seed=seed))
+
+
 def make_judge(config: JudgeConfig, task: Any, seed: int) -> Judge:
     """The run's judge (`JudgeConfig`): the task's own, or an LLM judge over HTTP in the paper's format."""
     if config.kind == "task":
         return task.judge()
-    http = JsonHttpClient(config.url, max_in_flight=config.max_in_flight, seed=seed,
-                          retry=RetryPolicy(max_attempts=config.max_attempts, timeout_s=config.timeout_s))
-    chat = llm.ChatClient(http, llm.ChatSettings(model=config.model, temperature=config.temperature,
-                                                 max_tokens=config.max_tokens, seed=seed))
+    chat = _chat_client(config, seed)
     if config.format == "rating":
         return llm.CriterionLLMJudge(chat, llm.rating_format())
+    if config.format == "healthbench":
+        return llm.CriterionLLMJudge(chat, llm.healthbench_format())
     formats = {"grounded": lambda: llm.grounded_format(config.max_grounding_chars), "srar": llm.srar_format,
                "rlcer_verifier": llm.rlcer_verifier_format}
     return llm.RolloutLLMJudge(chat, formats[config.format]())
+
+
+def make_meta_verifier(config: MetaVerifierConfig, seed: int) -> Optional[llm.LLMMetaVerifier]:
+    """`RolloutContext.meta_verifier` (`MetaVerifierConfig`): None for kind task (a recipe then asks the task's
+    `meta_verify`), else an LLM meta-verifier over HTTP with its domain's prompt."""
+    if config.kind == "task":
+        return None
+    return llm.LLMMetaVerifier(_chat_client(config, seed), config.domain)
 
 
 def _mismatch_metrics(batch: dict[str, np.ndarray], old_logp_bt: np.ndarray) -> dict[str, float]:
@@ -252,9 +268,11 @@ def check_rubric_width(algorithm_config: Any, task: Any) -> None:
 
 def train_rl(config: RLConfig, task: Any, *, judge=None, model=None, tokenizer=None) -> dict[str, float]:
     """Runs (or resumes) the RL run `config` on `task` (a `rubric_jax.data.tasks` task); the judge defaults to
-    `config.judge`'s (`make_judge`: the task's own, or an LLM judge over HTTP, closed at the end), the model and tokenizer to `policy.build_policy(config.model)`. Returns the last step's
-    metrics. Writes config.yaml, metrics.jsonl, tensorboard/, checkpoints/, plots/ and the final policy as a
-    Hugging Face directory model/ under output_dir."""
+    `config.judge`'s (`make_judge`: the task's own, or an LLM judge over HTTP, closed at the end), the model and
+    tokenizer to `policy.build_policy(config.model)`; an LLM meta-verifier (`make_meta_verifier`, meta_verifier
+    kind llm) reaches the recipe in its context and is closed at the end. Returns the last step's metrics. Writes
+    config.yaml, metrics.jsonl, tensorboard/, checkpoints/, plots/ and the final policy as a Hugging Face directory
+    model/ under output_dir."""
     algorithm_config, config = resolve_algorithm(config)
     check_rubric_width(algorithm_config, task)
     algorithm = algorithm_class(config.algorithm.name)(algorithm_config)
@@ -271,6 +289,7 @@ def train_rl(config: RLConfig, task: Any, *, judge=None, model=None, tokenizer=N
         model, tokenizer = policy.build_policy(config.model, task, mesh)
     judge_owned = judge is None
     judge = judge if judge is not None else make_judge(config.judge, task, config.seed)
+    meta_verifier = make_meta_verifier(config.meta_verifier, config.seed)
     optimizer = make_optimizer(config.optimizer)
     schedule = learning_rate_schedule(config.optimizer)
     critic_schedule = learning_rate_schedule(config.critic.optimizer)
@@ -302,7 +321,7 @@ def train_rl(config: RLConfig, task: Any, *, judge=None, model=None, tokenizer=N
                                 temperature=rollout.temperature, top_p=rollout.top_p, top_k=rollout.top_k),
         chat_template_kwargs=config.model.chat_template_kwargs,
         max_prompt_tokens=rollout.max_prompt_tokens, prompt_truncation=rollout.prompt_truncation,
-        frozen_engine=frozen_engine)
+        frozen_engine=frozen_engine, meta_verifier=meta_verifier)
     learner = _Learner(config, algorithm, graphdef, state, optimizer, mesh, rules, critic_graphdef, critic_optimizer)
     dataset = task.train_stream(position)
     eval_examples = task.eval_examples(config.eval.num_examples) if config.eval.every_steps else []
@@ -312,12 +331,15 @@ def train_rl(config: RLConfig, task: Any, *, judge=None, model=None, tokenizer=N
     data_metrics = task.data_metrics() if hasattr(task, "data_metrics") else {}
     metrics: dict[str, float] = {}
     judge_requests_seen: dict[str, int] = {}
+    meta_verifier_requests_seen: dict[str, int] = {}
     engine_requests_seen: dict[str, int] = {}
     with writer, checkpointer, contextlib.closing(engine), contextlib.ExitStack() as owned:
         if judge_owned:
             owned.callback(judge.close)
         if frozen_engine is not None:
             owned.callback(frozen_engine.close)
+        if meta_verifier is not None:
+            owned.callback(meta_verifier.close)
         for step in range(start, config.steps):
             timer.reset()
             context.prompt_metrics.clear()
@@ -349,6 +371,9 @@ def train_rl(config: RLConfig, task: Any, *, judge=None, model=None, tokenizer=N
             metrics = {**data_metrics, **experience.metrics, **train_metrics, **critic_metrics, **_mismatch_metrics(batch, old_logp_bt),
                        **{name: float(value) for name, value in context.prompt_metrics.items()},
                        **_request_metrics("judge", judge.http_stats(), judge_requests_seen),
+                       **_request_metrics("meta_verifier",
+                                          meta_verifier.http_stats() if meta_verifier is not None else None,
+                                          meta_verifier_requests_seen),
                        **_request_metrics("engine", engine.http_stats(), engine_requests_seen),
                        "train/learning_rate": float(schedule((step + 1) * updates_per_step - 1))}
             if config.eval.every_steps and (step + 1) % config.eval.every_steps == 0:

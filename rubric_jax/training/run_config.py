@@ -225,20 +225,33 @@ class EvalConfig:
         _require(self.every_steps >= 0, f"every_steps must be >= 0, got {self.every_steps}")
 
 
+def _check_chat_role(config: Any, section: str) -> None:
+    """The checks an LLM role's section shares (`JudgeConfig`, `MetaVerifierConfig`): url and model exactly with
+    kind llm, positive counts, a non-negative temperature and a positive timeout."""
+    llm = config.kind == "llm"
+    _require(llm == (config.url is not None) and llm == (config.model is not None),
+             f"{section}.url and {section}.model are required by {section}.kind llm, and only by it")
+    for name in ("max_tokens", "max_in_flight", "max_attempts"):
+        _require(getattr(config, name) >= 1, f"{section}.{name} must be >= 1, got {getattr(config, name)}")
+    _require(config.temperature >= 0 and config.timeout_s > 0,
+             f"{section}.temperature must be >= 0, timeout_s > 0")
+
+
 @dataclasses.dataclass(frozen=True)
 class JudgeConfig:
     """Who judges the rollouts: "task", the task's own judge (programmatic on the synthetic tasks), or "llm", an
     OpenAI-compatible chat server at `url` (SGLang's) serving `model`, asked in the paper's `format`:
     "grounded" (rubric-grounded GRPO: the reference passage and every weighted criterion in one call), "srar"
-    (SRaR's step-attributed judge), "rlcer_verifier" (RLCER's verifier) or "rating" (RGR-GRPO: one call per
-    criterion). `max_in_flight` bounds concurrent calls; `max_attempts` and `timeout_s` are the retry policy.
+    (SRaR's step-attributed judge), "rlcer_verifier" (RLCER's verifier), "rating" (RGR-GRPO: one call per
+    criterion) or "healthbench" (HealthBench's grader, one call per criterion, shown the whole conversation).
+    `max_in_flight` bounds concurrent calls; `max_attempts` and `timeout_s` are the retry policy.
     `max_grounding_chars`: format "grounded" only, the grounding passage cut to its first characters (the paper's
     "maximum passage length"; None: the whole passage)."""
 
     kind: Literal["task", "llm"] = "task"
     url: Optional[str] = None
     model: Optional[str] = None
-    format: Literal["grounded", "srar", "rlcer_verifier", "rating"] = "grounded"
+    format: Literal["grounded", "srar", "rlcer_verifier", "rating", "healthbench"] = "grounded"
     temperature: float = 0.0
     max_tokens: int = 2048
     max_in_flight: int = 64
@@ -247,15 +260,33 @@ class JudgeConfig:
     max_grounding_chars: Optional[int] = None
 
     def __post_init__(self):
-        llm = self.kind == "llm"
-        _require(llm == (self.url is not None) and llm == (self.model is not None),
-                 "judge.url and judge.model are required by judge.kind llm, and only by it")
-        for name in ("max_tokens", "max_in_flight", "max_attempts"):
-            _require(getattr(self, name) >= 1, f"{name} must be >= 1, got {getattr(self, name)}")
-        _require(self.temperature >= 0 and self.timeout_s > 0, "judge.temperature must be >= 0, timeout_s > 0")
+        _check_chat_role(self, "judge")
         _require(self.max_grounding_chars is None or (self.format == "grounded" and self.max_grounding_chars >= 0),
                  f"judge.max_grounding_chars is for format grounded only and must be >= 0, got "
                  f"{self.max_grounding_chars}")
+
+
+@dataclasses.dataclass(frozen=True)
+class MetaVerifierConfig:
+    """Who audits the criteria a recipe's policy generates (EvoRubric's meta-verifier, evorubric.txt section 3.3.2
+    step 1; read by a recipe that has one): "task", the task's own `meta_verify` (programmatic in the rubric
+    world), or "llm", an OpenAI-compatible chat server at `url` serving `model`, asked with Appendix C's prompt of
+    `domain` ("medical": Table 6, "writing_science": Table 7), one call per proposed criterion
+    (`judges.llm.LLMMetaVerifier`). The decoding (`temperature`, `max_tokens`) and the HTTP fields
+    (`max_in_flight`, `max_attempts`, `timeout_s`) are `JudgeConfig`'s."""
+
+    kind: Literal["task", "llm"] = "task"
+    url: Optional[str] = None
+    model: Optional[str] = None
+    domain: Literal["medical", "writing_science"] = "writing_science"
+    temperature: float = 0.0
+    max_tokens: int = 2048
+    max_in_flight: int = 64
+    max_attempts: int = 5
+    timeout_s: float = 600.0
+
+    def __post_init__(self):
+        _check_chat_role(self, "meta_verifier")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -271,6 +302,7 @@ class RLConfig:
     learner: LearnerConfig = LearnerConfig()
     algorithm: AlgorithmSpec = AlgorithmSpec()
     judge: JudgeConfig = JudgeConfig()
+    meta_verifier: MetaVerifierConfig = MetaVerifierConfig()
     optimizer: OptimizerConfig = OptimizerConfig()
     critic: CriticConfig = CriticConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()

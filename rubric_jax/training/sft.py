@@ -5,7 +5,9 @@ train-step code as RL.
 Each example is the task's prompt rendered by the chat template with the assistant header (as the rollout
 engine renders it) followed by the task's `solution(example)` and the end-of-turn token; only the solution and
 that token are scored (`train_step.confidence_penalized_nll`, token-mean over the batch; with an optional
-confidence penalty), so the model learns to answer and to stop, not to produce prompts. The step's `first_scored` skips the prompt region. Batches come from
+confidence penalty), so the model learns to answer and to stop, not to produce prompts. The step's
+`first_scored` skips the prompt region; a solution over `max_response_tokens` is cut and counted
+("train/truncated_responses"). Batches come from
 the task's train stream in order; checkpoints (params, optimizer state, data position, last metrics) resume
 exactly as in RL. At the end the model is saved as a Hugging Face directory `output_dir/model` with its
 tokenizer, which `ModelSpec(path=...)`, transformers and SGLang load.
@@ -30,14 +32,17 @@ SFT_PLOTS = {"sft_loss": ("train/loss",), "sft_entropy": ("train/entropy",), "sf
 
 
 def sft_batch(task: Any, tokenizer: Any, examples, max_response_tokens: int,
-              chat_template_kwargs: Optional[Mapping[str, Any]] = None) -> tuple[dict[str, np.ndarray], int]:
-    """(the packed batch, its prompt width) of `examples` (module docstring)."""
+              chat_template_kwargs: Optional[Mapping[str, Any]] = None) -> tuple[dict[str, np.ndarray], int, int]:
+    """(the packed batch, its prompt width, how many responses were cut) of `examples` (module docstring): a
+    solution longer than `max_response_tokens` with its end-of-turn token is cut to its first tokens (a real
+    dataset's long reference solutions), which drops that token: the cut example does not teach stopping."""
     eos_ids, pad_id = policy.eos_and_pad(tokenizer)
     prompts = [apply_chat_template(tokenizer, task.prompt(e), template_kwargs=chat_template_kwargs) for e in examples]
     responses = [tokenizer.encode(task.solution(e), add_special_tokens=False) + eos_ids[:1] for e in examples]
+    truncated = sum(len(r) > max_response_tokens for r in responses)
     width = padded_prompt_width(prompts)
-    return train_step.pack_sequences(prompts, responses, pad_id=pad_id, prompt_width=width,
-                                     response_width=max_response_tokens), width
+    return train_step.pack_sequences(prompts, [r[:max_response_tokens] for r in responses], pad_id=pad_id,
+                                     prompt_width=width, response_width=max_response_tokens), width, truncated
 
 
 def train_sft(config: SFTConfig, task: Any, *, model=None, tokenizer=None) -> dict[str, float]:
@@ -65,8 +70,8 @@ def train_sft(config: SFTConfig, task: Any, *, model=None, tokenizer=None) -> di
     with writer, checkpointer:
         for step in range(meta["step"] if meta else 0, config.steps):
             timer.reset()
-            batch, width = sft_batch(task, tokenizer, dataset.next_batch(config.batch_size),
-                                     config.max_response_tokens, config.model.chat_template_kwargs)
+            batch, width, truncated = sft_batch(task, tokenizer, dataset.next_batch(config.batch_size),
+                                                config.max_response_tokens, config.model.chat_template_kwargs)
             if width not in steps:
                 steps[width] = train_step.make_train_step(
                     graphdef, optimizer, train_step.confidence_penalized_nll(config.confidence_penalty), mesh=mesh,
@@ -77,6 +82,7 @@ def train_sft(config: SFTConfig, task: Any, *, model=None, tokenizer=None) -> di
                 step_metrics = jax.device_get(step_metrics)
             metrics = {f"train/{k}": float(v) for k, v in step_metrics.items()}
             metrics["train/tokens"] = float(batch["response_mask_bt"].sum())
+            metrics["train/truncated_responses"] = float(truncated)
             metrics["train/learning_rate"] = float(schedule(step))
             if (step + 1) % config.checkpoint.every_steps == 0 or step + 1 == config.steps:
                 with timer.phase("checkpoint"):

@@ -4,22 +4,29 @@ embedded engine with a random policy), for the full method and every ablation; e
 what the paper says it changes; judge failures, parse failures and empty rubrics are counted and never NaN; the
 memory pool persists across steps and survives a checkpoint / resume round trip through train_rl (the pool
 itself: tests/rubrics/test_memory_pool.py); External Evolving-RL samples its generator from the trainer's frozen
-engine, never updated, also after a resume; shown responses are cut to their first tokens."""
+engine, never updated, also after a resume; shown responses are cut to their first tokens; the paper's generator
+format (Table 5's prompt and JSON list) serves any task, and a step on a HealthBench-layout dataset runs its
+policy, grader and LLM meta-verifier over HTTP (the meta-verifier client itself: tests/judges/test_llm.py)."""
 
 import collections
 import dataclasses
 import hashlib
+import json
 import math
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from rubric_jax.algorithms.base import RolloutContext
-from rubric_jax.algorithms.evorubric import EvoRubric, EvoRubricConfig
+from rubric_jax.algorithms.evorubric import EvoRubric, EvoRubricConfig, generator_io
 from rubric_jax.data import arithmetic, rubric_world
 from rubric_jax.data.tasks import RubricWorldConfig, RubricWorldTask, build_task
 from rubric_jax.inference.engine import RolloutEngine, Sample, SamplingParams
 from rubric_jax.judges.base import Judge, JudgeRequest, RolloutVerdict, Verdicts
+from rubric_jax.judges.llm import CHAT_PATH
+from rubric_jax.rubrics import prompts
 from rubric_jax.rubrics.schema import Criterion, Rubric
 from rubric_jax.rubrics.steps import response_text
 from rubric_jax.training import rl
@@ -27,10 +34,11 @@ from rubric_jax.training.checkpoint import Checkpointer
 from rubric_jax.training.metrics import PhaseTimer, read_metrics
 from rubric_jax.training.rl import train_rl
 from rubric_jax.training.run_config import (
-    AlgorithmSpec, CheckpointConfig, MetricsConfig, ModelInit, ModelSpec, RLConfig, RolloutConfig,
-    TaskSpec)
+    AlgorithmSpec, CheckpointConfig, JudgeConfig, MetaVerifierConfig, MetricsConfig, ModelInit, ModelSpec, RLConfig,
+    RolloutConfig, TaskSpec)
 from tests.core import reference_rewards as ref
 from tests.core.reference_advantages import grpo as reference_grpo
+from tests.inference.standin_server import ScriptedPolicy, StandinServer, fenced, http_error
 
 TINY = ModelInit(hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16,
                  max_position_embeddings=320)
@@ -573,6 +581,58 @@ def test_config_is_validated(field, value, message):
         EvoRubricConfig(**{field: value})
 
 
+# ---------------------------------------------------------------- base rubrics written by the initial policy
+
+
+@dataclasses.dataclass(frozen=True)
+class WrittenBaseTask(RubricWorldTask):
+    """The coarse world with the base rubric the scripted initial policy writes (its first proposal, "+3 S1\n-3
+    WS"), for the NumPy reference of a base_rubric generated step."""
+
+    def rubric(self, example):
+        return Rubric(criteria=(rubric_world.world_criterion("S1", 3), rubric_world.world_criterion("WS", -3)))
+
+
+def written_base(state) -> dict:
+    return {entry["question"]: [c["name"] for c in entry["criteria"]] for entry in state["base_rubrics"]}
+
+
+def test_a_generated_base_rubric_is_written_once_by_the_frozen_initial_policy_and_checkpointed():
+    """base_rubric generated: at a question's first visit the frozen engine answers one generator prompt with no
+    existing criteria (n = 1); the parsed rubric is S_base and heads C_hist exactly as a task rubric would, is
+    never written again, survives state_dict / load_state_dict, and a failed parse is retried next visit."""
+    config = EvoRubricConfig(generator_group_size=5, responses_shown=2, max_proposed=4, base_rubric="generated")
+    assert EvoRubric(config).needs_frozen_engine and EvoRubric(config).config.train_generator
+    examples = two_problems()
+    world = RubricWorldConfig(base_rubric="coarse")
+    algorithm, result, calls, before = run_step(config, examples)
+    reasoner_call, generator_call, [base_prompts, base_params, _] = calls
+    assert len(base_prompts) == 2 and base_params.n == 1
+    assert all(prompt[-1]["content"].endswith("Have: none") for prompt in base_prompts)
+    assert all(prompt[-1]["content"].endswith("Have: S1 WS") for prompt in generator_call[0])
+    assert written_base(algorithm.state_dict()) == {e.question: ["S1", "WS"] for e in examples}
+    assert result.metrics["evorubric/base_rubrics_written"] == 2
+    check_against_reference(config, WrittenBaseTask(world.problems, 0, world), examples, algorithm, result,
+                            [reasoner_call, generator_call], before)
+
+    restored = EvoRubric(config)
+    restored.load_state_dict(algorithm.state_dict())
+    _, second, calls, before = run_step(config, examples, algorithm=restored, step=1)
+    assert len(calls) == 2 and second.metrics["evorubric/base_rubrics_written"] == 0  # nothing written again
+    check_against_reference(config, WrittenBaseTask(world.problems, 0, world), examples, restored, second, calls,
+                            before)
+    with pytest.raises(ValueError, match="base_rubric is task"):
+        EvoRubric(EvoRubricConfig()).load_state_dict(algorithm.state_dict())
+
+    unparsable = {examples[1].question: ["+3 S1\n+9 XX", "+2 S2"]}
+    algorithm, result, calls, _ = run_step(config, examples, proposals=unparsable)
+    assert written_base(algorithm.state_dict()) == {examples[0].question: ["S1", "WS"]}
+    assert result.metrics["evorubric/base_rubric_failed/unrecognized"] == 1
+    assert result.metrics["evorubric/base_rubrics_written"] == 1
+    _, result, calls, _ = run_step(config, examples, proposals=unparsable, algorithm=algorithm, step=1)
+    assert len(calls[2][0]) == 1 and result.metrics["evorubric/base_rubric_failed/unrecognized"] == 1
+
+
 # ---------------------------------------------------------------- train_rl end to end, checkpoint and resume
 
 
@@ -666,3 +726,132 @@ def test_train_rl_samples_the_external_generator_from_a_frozen_engine_that_survi
     assert prompts == uninterrupted.calls[1][0]
     assert [(s.output_ids, s.logprobs) for s in samples] == [(s.output_ids, s.logprobs)
                                                              for s in uninterrupted.calls[1][2]]
+
+
+# ---------------------------------------------------------------- the paper's formats on a dataset task
+
+HEALTHBENCH = Path(__file__).resolve().parents[1] / "fixtures" / "datasets" / "evorubric_healthbench.jsonl"
+
+
+def healthbench_task():
+    """Two HealthBench-layout rows (one multi-turn) with two expert criteria each; no generator role of its own."""
+    return build_task("dataset", {"preset": "healthbench", "path": str(HEALTHBENCH)}, 0)
+
+
+def test_the_paper_generator_format_is_table_5s_prompt_and_json_list_on_any_task():
+    task = healthbench_task()
+    example = task.train_stream(0).next_batch(1)[0]
+    existing = task.rubric(example).criteria
+    config = EvoRubricConfig(generator_format="paper", max_proposed=3)
+    prompt, parse = generator_io(task, config)
+    messages = prompt(example, ["REST it.", "Walk it off."], existing)
+    assert messages == prompts.rubric_generator_prompt(task.question(example), ["REST it.", "Walk it off."], existing)
+    assert messages[0]["content"].startswith("You are a world-class Rubric Design Specialist")
+
+    empty = parse("[]")  # Table 5: "If no meaningful gap exists, output []": the empty proposal, not a failure
+    assert empty.ok and empty.rubric.criteria == ()
+    fenced = parse('<think>the gap is icing</think>```json\n[{"criterion": "Advises ICE.", "points": 4},\n'
+                   ' {"criterion": "Recommends ASPIRIN.", "points": -10, "category": "Safety"}]\n```')
+    assert [(c.text, c.weight, c.category) for c in fenced.rubric.criteria] == [
+        ("Advises ICE.", 4, None), ("Recommends ASPIRIN.", -10, "Safety")]
+    items = json.dumps([{"criterion": f"c{i}", "points": 1} for i in range(4)])
+    failures = {"There is no gap.": "no_json", '[{"criterion": "Is kind.", "points": 0}]': "out_of_bounds",
+                '[{"criterion": "Is kind.", "points": 11}]': "out_of_bounds", items: "too_many_items",
+                '[{"criterion": "", "points": 2}]': "schema"}
+    assert {text: parse(text).reason for text in failures} == failures
+
+    world = coarse_task()  # the task format: the world's own prompt and parser, its "none" the empty proposal
+    world_prompt, world_parse = generator_io(world, EvoRubricConfig())
+    assert world_prompt == world.generator_prompt
+    assert world_parse("none").ok and world_parse("none").rubric.criteria == ()
+
+
+def test_the_task_check_asks_only_for_what_the_settings_use():
+    task = healthbench_task()
+    context = context_for(ScriptedEngine(task.tokenizer(), {}, {}), task, task.tokenizer(),
+                          judge=rubric_world.world_judge())
+    examples = task.train_stream(0).next_batch(1)
+    with pytest.raises(ValueError, match="needs a task with generator_prompt, parse_generated_rubric, meta_verify"):
+        EvoRubric(EvoRubricConfig()).experience(examples, context, 0)
+    with pytest.raises(ValueError, match=r"needs a task with meta_verify \("):
+        EvoRubric(EvoRubricConfig(generator_format="paper")).experience(examples, context, 0)
+    # Nothing is asked of the task with the paper's generator and an LLM meta-verifier, or with no meta-verifier.
+    EvoRubric(EvoRubricConfig(generator_format="paper"))._check_task(
+        dataclasses.replace(context, meta_verifier=object()))
+    EvoRubric(EvoRubricConfig(generator_format="paper", meta_verifier=False))._check_task(context)
+
+
+TABLE_5_OPENING = "You are a world-class Rubric Design Specialist"
+SERVED_RESPONSES = ("REST and ICE it, ELEVATE it, drink FLUIDS.", "REST it and take FLUIDS.",
+                    "Walk through the SHARP pain; ASPIRIN helps.", "ICE it.")
+SERVED_PROPOSALS = (
+    json.dumps([{"criterion": "Advises ICE on the injury.", "points": 4},
+                {"criterion": "Advises to consult a doctor.", "points": 2}]),
+    json.dumps([{"criterion": "Advises to ELEVATE the limb.", "points": 3},
+                {"criterion": "Mentions ICE packs.", "points": 2}]),
+)
+
+
+def served_reply(prompt: str, j: int) -> str:
+    """The policy behind the stand-in's /generate: a prompt that opens with Table 5's system prompt gets
+    SERVED_PROPOSALS, any other SERVED_RESPONSES, sample j text j (cycled)."""
+    texts = SERVED_PROPOSALS if TABLE_5_OPENING in prompt else SERVED_RESPONSES
+    return texts[j % len(texts)]
+
+
+def served_chat(messages) -> str:
+    """The grader (one criterion per call, RGR's rating prompt) and the meta-verifier (Table 6) of the stand-in.
+    Grader: met iff every upper-case marker word of the criterion is in the response. Meta-verifier: "consult a
+    doctor" is Trivial/Cliché, every other criterion VALID."""
+    if messages[0]["role"] == "system":
+        target = json.loads(fenced(messages[-1]["content"], "target_rubric"))["criterion"]
+        return json.dumps({"verdict": "INVALID: Trivial/Cliché" if "doctor" in target else "VALID"})
+    content = messages[-1]["content"]
+    markers = re.findall(r"\b[A-Z]{3,}\b", fenced(content, "criterion"))
+    return json.dumps({"rating": int(all(m in fenced(content, "response") for m in markers))})
+
+
+def test_an_evorubric_step_on_a_dataset_task_runs_every_role_over_http(tmp_path):
+    """One train_rl step on the HealthBench fixture with the paper's generator format: the policy (both roles)
+    on the stand-in's /generate, the grader (format rating) and the Table 6 meta-verifier on its chat endpoint.
+
+    Per question: the meta-verifier audits the 4 proposed criteria (the first call answered 503, retried) and
+    rejects "consult a doctor"; the 3 verified ones (ICE twice, ELEVATE) split the responses, so all are
+    archived; each of the 4 responses is graded on 2 expert + 3 verified criteria."""
+    task = healthbench_task()
+    script = ScriptedPolicy(task.tokenizer(), served_reply, EOS)
+    with StandinServer(script, tokenizer=task.tokenizer(), responder=served_chat) as server:
+        server.inject(http_error(503, CHAT_PATH))
+        params = {"generator_format": "paper", "generator_group_size": 2, "generator_max_new_tokens": 160,
+                  "responses_shown": 2, "shown_response_max_tokens": 16, "max_proposed": 4}
+        config = RLConfig(
+            output_dir=str(tmp_path / "run"), steps=1, seed=0,
+            model=ModelSpec(init=dataclasses.replace(TINY, max_position_embeddings=384)),
+            task=TaskSpec(name="dataset", params={"preset": "healthbench", "path": str(HEALTHBENCH)}),
+            rollout=RolloutConfig(engine="sglang", sglang_url=server.base_url, prompts_per_step=2, group_size=4,
+                                  max_new_tokens=48, max_prompt_tokens=192),
+            algorithm=AlgorithmSpec(name="evorubric", params=params),
+            judge=JudgeConfig(kind="llm", url=server.base_url, model="judge", format="rating", max_attempts=3),
+            meta_verifier=MetaVerifierConfig(kind="llm", url=server.base_url, model="meta", domain="medical",
+                                             max_attempts=3),
+            checkpoint=CheckpointConfig(every_steps=1, async_save=False),
+            metrics=MetricsConfig(console=False, tensorboard=False, plots=False))
+        last = train_rl(config, task)
+        chat_models = collections.Counter(body["model"] for body in server.chat_requests)
+        generate_requests = server.requests["/generate"]
+
+    assert generate_requests == 2 and script.updates == ["step-0", "step-1"]  # one call per role; two syncs
+    assert sum(TABLE_5_OPENING in prompt for prompt in script.prompts) == 2 and len(script.prompts) == 4
+    assert chat_models == {"meta": 2 * 4, "judge": 2 * 4 * (2 + 3)}
+    assert last["meta_verifier/requests"] == 8 and last["meta_verifier/retries"] == 1
+    assert last["meta_verifier/request_failures"] == 0 and last["judge/requests"] == 40
+    assert last["judge/retries"] == 0 and last["judge/failure_rate"] == 0
+    assert last["evorubric/meta_rejected_fraction"] == 0.25 and last["evorubric/meta_rejected/trivial_cliche"] == 0.25
+    assert last["evorubric/generator_format_rate"] == 1 and last["evorubric/pruned_fraction"] == 0
+    assert last["evorubric/archived"] == 6 and last["evorubric/pool_size"] == 6
+    assert all(math.isfinite(value) for value in last.values()) and last["train/grad_norm"] > 0
+    _, meta = Checkpointer(tmp_path / "run" / "checkpoints").restore(1, None)
+    assert {question: [c.text for c in criteria] for question, criteria in
+            pool_dict(meta["algorithm_state"]).items()} == {
+        question: ["Advises ICE on the injury.", "Advises to ELEVATE the limb.", "Mentions ICE packs."]
+        for question in ("I twisted my ankle an hour ago. What should I do?", "A little. What should I do?")}

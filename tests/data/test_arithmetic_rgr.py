@@ -180,7 +180,7 @@ def test_the_sft_stream_mixes_refinements_resumes_exactly_and_targets_gold(token
         assert example.failed == failed_criteria(example.problem, example.attempt)
     assert sum(bool(e.failed) for e in refinements) > 0.8 * len(refinements)
     task = ArithmeticRGRSFTTask(config.problems, 4, 0.5)
-    batch, width = sft_batch(task, tokenizer, examples[:16], max_response_tokens=64)
+    batch, width, _ = sft_batch(task, tokenizer, examples[:16], max_response_tokens=64)
     assert width <= REFINEMENT_PROMPT_TOKENS + 15
     first = refinements[0]
     assert task.prompt(first) == refinement_messages(first.problem, first.attempt, first.failed)

@@ -242,6 +242,9 @@ def test_a_path_that_does_not_load_is_one_clear_error(tmp_path, path, message):
     ({"colums": {}}, "unknown config key task.params.colums"),
     ({"preset": "nope"}, "task.params.preset: unknown preset 'nope'"),
     ({"rubric_items": {"weight_labels": {"Essential": "high"}}}, "weight_labels['Essential'] must be a finite"),
+    ({"question_pattern": "(unclosed"}, "question_pattern is not a regular expression"),
+    ({"question_pattern": "no group"}, "question_pattern must have a group: the question"),
+    ({"columns": {"messages": "m"}, "prompt_template": "{question}!"}, "prompt_template applies to a text prompt"),
 ])
 def test_the_config_is_checked(rows_file, changes, message):
     with pytest.raises(ValueError, match=None) as raised:
@@ -278,6 +281,21 @@ def test_chat_message_prompts_and_a_system_prompt(tmp_path):
     bad = write_jsonl(tmp_path / "bad.jsonl", [{"messages": [{"role": "robot", "content": "x"}]}])
     with pytest.raises(dataset.DatasetRowError, match="row 0: column 'messages': expected a non-empty list"):
         build_task("dataset", {"path": str(bad), "columns": {"messages": "messages"}}, 0)
+
+
+def test_a_question_pattern_takes_the_question_out_of_its_wrapper(tmp_path):
+    rows = [{"m": [{"role": "user", "content": "Solve this. QUESTION: What is 2+2? END"}]},
+            {"m": [{"role": "user", "content": "No marker here."}]}]
+    path = write_jsonl(tmp_path / "wrapped.jsonl", rows)
+    params = {"path": str(path), "columns": {"messages": "m"}, "question_pattern": r"QUESTION:(.*)END",
+              "prompt_template": "Q: {question}", "bad_rows": "skip"}
+    task = build_task("dataset", params, 0)
+    [record] = task.train_stream(0).next_batch(1)
+    assert task.question(record) == "What is 2+2?" and task.prompt(record) == [{"role": "user",
+                                                                                "content": "Q: What is 2+2?"}]
+    assert task.data_metrics()["data/skipped/train/bad_prompt"] == 1.0
+    with pytest.raises(dataset.DatasetRowError, match="row 1: column 'm': question_pattern finds no question in"):
+        build_task("dataset", {**params, "bad_rows": "error"}, 0)
 
 
 def test_dotted_columns_read_nested_cells(tmp_path):
@@ -360,6 +378,27 @@ def test_the_recipes_max_items_must_hold_the_longest_rubric(rows_file):
         check_rubric_width(Narrow(), task)
     Narrow.max_items = 2
     check_rubric_width(Narrow(), task)
+
+
+@pytest.mark.parametrize("response, answer", [
+    ("so \\boxed{12}", "12"),
+    ("Answer: 12", "12"),
+    ("step...\nAnswer: 7\nthen\n**Answer:** 12", "12"),  # the last line wins; markdown emphasis allowed
+    ("Answer: 7\n\\boxed{12}", "12"),  # a box first
+    ("The answer: is unclear", None),  # mid-line: not an answer line
+    ("Answer:   \n", None),
+    ("no answer at all", None),
+])
+def test_math_answer_reads_the_last_box_or_answer_line(response, answer):
+    assert dataset.math_answer(response) == answer
+
+
+@given(st.text(alphabet=st.sampled_from("Answer: \n\\boxed{}*x1"), max_size=60) | st.text(max_size=100))
+def test_math_answer_and_final_answer_never_raise_and_return_part_of_the_response(response):
+    answer = dataset.math_answer(response)
+    assert answer is None or (answer and answer in response)
+    final = dataset.final_answer_text(response)
+    assert isinstance(final, str) and final in response
 
 
 @given(st.text(max_size=200))

@@ -2,21 +2,17 @@
 from the dataset cards and loaders that docs/datasets.md names): the prompt, the gold answer, the rubric, the
 grounding passage and the tags each row gives, and the outcome check on a right and a wrong answer."""
 
-from pathlib import Path
-
 import pytest
 
 from rubric_jax.data import dataset, presets
 from rubric_jax.data.tasks import build_task
 from rubric_jax.rubrics.schema import ItemKind
+from tests.data.dataset_fixtures import fixture_path
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "datasets"
-FILES = {"gpqa": "gpqa.csv", "researchqa": "researchqa.json"}
 
 
 def fixture_task(preset, seed=0, **changes):
-    path = FIXTURES / FILES.get(preset, f"{preset}.jsonl")
-    return build_task("dataset", {"preset": preset, "path": str(path), **changes}, seed)
+    return build_task("dataset", {"preset": preset, "path": str(fixture_path(preset)), **changes}, seed)
 
 
 def records(task):
@@ -27,7 +23,7 @@ def test_every_preset_has_a_fixture_and_a_source():
     assert set(presets.PRESET_SOURCES) == set(presets.PRESETS)
     assert all(kind in ("card", "copies", "ours") for _, kind in presets.PRESET_SOURCES.values())
     for preset in presets.PRESETS:
-        assert (FIXTURES / FILES.get(preset, f"{preset}.jsonl")).is_file(), preset
+        assert fixture_path(preset).is_file(), preset
 
 
 # (preset, row, the gold, a right response, a wrong one)
@@ -63,6 +59,15 @@ def test_math_prompts_ask_for_a_boxed_answer_and_dapo_keeps_its_own():
     dapo = records(fixture_task("dapo_math"))[0]
     assert len(dapo.messages) == 1 and dapo.messages[0]["content"].startswith("Solve the following math problem")
     assert dapo.id == "9a9b6eb4-a1cb-49d1-8c1e-62eaf2f74079"
+
+
+def test_dapo_math_question_takes_the_problem_out_of_dapos_instruction():
+    task = fixture_task("dapo_math_question")
+    second = records(task)[1]
+    assert task.question(second) == "Let $f(x) = x^2 - 3x + 2$. Find $f(5)$."
+    assert task.prompt(second) == [{"role": "user", "content": presets.MATH_INSTRUCTION.replace(
+        "{question}", "Let $f(x) = x^2 - 3x + 2$. Find $f(5)$.")}]
+    assert second.answer == "12" and task.is_correct("\\boxed{12}", second)
 
 
 def test_gpqa_options_are_stripped_shuffled_and_lettered():

@@ -121,6 +121,42 @@ def _finish_reason_json(sample: Sample, params: SamplingParams) -> dict[str, Any
     return {"type": "abort", "message": "aborted"}
 
 
+class ScriptedPolicy(RolloutEngine):
+    """A policy for the stand-in's /generate that answers from a script: `reply(prompt_text, j)` is sample j's
+    text for a prompt (its token ids, as the trainer's SGLang client sends them, decoded with `tokenizer`); each
+    text ends on `eos_id`, every token with logprob -1. The decoded prompts are kept (`prompts`); weight updates
+    are recorded (`updates`), not applied."""
+
+    def __init__(self, tokenizer, reply: Callable[[str, int], str], eos_id: int):
+        self.tokenizer, self.reply, self.eos_id = tokenizer, reply, eos_id
+        self.weight_version, self.updates, self.prompts = "served", [], []
+
+    def generate(self, prompts, params):
+        samples = []
+        for i, ids in enumerate(prompts):
+            text = self.tokenizer.decode(ids)
+            self.prompts.append(text)
+            for j in range(params.n):
+                out = self.tokenizer.encode(self.reply(text, j), add_special_tokens=False) + [self.eos_id]
+                assert len(out) <= params.max_new_tokens
+                samples.append(Sample(prompt_index=i, output_ids=tuple(out), logprobs=(-1.0,) * len(out),
+                                      finish_reason="stop", matched_stop=self.eos_id,
+                                      weight_version=self.weight_version))
+        return samples
+
+    async def agenerate(self, prompts, params):
+        return self.generate(prompts, params)
+
+    def update_weights(self, model, version):
+        self.updates.append(version)
+        self.weight_version = version
+
+
+def fenced(text: str, tag: str) -> str:
+    """The content of the first `<tag>` fence of a prompt (`rubrics.prompts.fence`), for responders."""
+    return text.split(f"<{tag}>\n")[1].split(f"\n</{tag}>")[0]
+
+
 class StandinServer:
     """The stand-in (module docstring) on 127.0.0.1, a free port; `base_url` once started.
 

@@ -1,4 +1,5 @@
-"""LLM judges against the chat stand-in: verdict arrays, request shape, failures counted, retries, schema fallback."""
+"""LLM judges against the chat stand-in: verdict arrays, request shape, failures counted, retries, schema fallback;
+EvoRubric's LLM meta-verifier: one call per criterion, verdicts per criterion, failures rejected and counted."""
 
 import asyncio
 import json
@@ -10,10 +11,14 @@ from rubric_jax.inference.http import JsonHttpClient, MalformedResponse, RetryPo
 from rubric_jax.judges.base import JudgeRequest
 from rubric_jax.judges.llm import (
     CHAT_PATH,
+    META_VERIFIER_FAILED,
     REQUEST_FAILED,
+    UNLISTED_CATEGORY,
     ChatClient,
     ChatSettings,
     CriterionLLMJudge,
+    LLMMetaVerifier,
+    MetaVerifyRequest,
     RolloutLLMJudge,
     chat_content,
     grounded_format,
@@ -252,3 +257,97 @@ def test_schemas_off_in_settings_are_never_sent(server, make_judge):
     judge = make_judge(server, RolloutLLMJudge, srar_format(), json_schema=False)
     assert not judge.judge([srar_request("x")], max_items=3).failed_b.any()
     assert "response_format" not in server.chat_requests[0]
+
+
+# ---------------------------------------------------------------- EvoRubric's meta-verifier
+
+
+def target_text(messages) -> str:
+    """The criterion under audit: the text of the prompt's fenced target rubric line."""
+    fenced = user_text(messages).split("<target_rubric>\n")[1].split("\n</target_rubric>")[0]
+    return json.loads(fenced)["criterion"]
+
+
+META_ANSWERS = {
+    "Names the drug's dose": '{"verdict": "VALID"}',
+    "Mentions the dose": '{"verdict": "INVALID: Semantic Duplication"}',
+    "Uses a markdown table": '```json\n{"verdict": "invalid: style hallucination"}\n```',
+    "Is thorough": "The rubric looks fine to me.",  # no JSON: not verified
+    "Is clever": '{"verdict": "INVALID: Too Clever"}',  # no listed category: still rejected
+}
+
+
+@pytest.fixture
+def make_meta_verifier():
+    """make_meta_verifier(server, domain, **settings): a meta-verifier on its own client, closed after the test."""
+    verifiers = []
+
+    def make(server, domain="medical", **settings):
+        http = JsonHttpClient(server.base_url, retry=FAST_RETRY, max_in_flight=8, seed=0)
+        verifiers.append(LLMMetaVerifier(ChatClient(http, ChatSettings(model="meta", **settings)), domain))
+        return verifiers[-1]
+
+    yield make
+    for verifier in verifiers:
+        verifier.close()
+
+
+def meta_requests():
+    existing = (Criterion("States the dose", weight=5.0),)
+    return [
+        MetaVerifyRequest("How much ibuprofen?", (Criterion("Names the drug's dose", weight=4.0),
+                                                  Criterion("Mentions the dose", weight=2.0)), existing),
+        MetaVerifyRequest("Is this rash serious?", (), existing),
+        MetaVerifyRequest("Is this rash serious?", tuple(Criterion(text, weight=-3.0) for text in
+                                                         ("Uses a markdown table", "Is thorough", "Is clever")), ()),
+    ]
+
+
+def test_meta_verifier_one_call_per_criterion_verdicts_and_failures(server, make_meta_verifier):
+    """Five criteria in three requests (one empty): five calls, the first answered 503 and retried; VALID, two
+    listed categories (one in a code fence, another case), an unlisted one, and an answer with no JSON (rejected
+    as META_VERIFIER_FAILED and counted by the parser's reason)."""
+    server.responder = lambda messages: META_ANSWERS[target_text(messages)]
+    server.inject(http_error(503, CHAT_PATH))
+    verifier = make_meta_verifier(server)
+    verdicts = verifier.verify(meta_requests())
+    assert verdicts == [(None, "Semantic Duplication"), (),
+                        ("Style Hallucination", META_VERIFIER_FAILED, UNLISTED_CATEGORY)]
+    assert len(server.chat_requests) == 5 and server.faults_served == [(CHAT_PATH, "status")]
+    stats = verifier.http_stats()
+    assert stats.requests == 5 and stats.retries == 1 and stats.failures == 0
+    assert verifier.failures.parsed == 5 and verifier.failures.by_reason == {"no_json": 1}
+
+    body = next(b for b in server.chat_requests if target_text(b["messages"]) == "Mentions the dose")
+    assert body["model"] == "meta" and body["temperature"] == 0.0
+    system, user = body["messages"]
+    assert system["role"] == "system" and system["content"].startswith("You are an elite medical grading rubric")
+    assert "<question>\nHow much ibuprofen?\n</question>" in user["content"]
+    assert '{"criterion": "States the dose", "points": 5}' in user["content"]  # the existing rubric, fenced
+    schema = body["response_format"]["json_schema"]["schema"]
+    assert schema["properties"]["verdict"]["enum"][:2] == ["VALID", "INVALID: Factual Conflict"]
+
+
+def test_meta_verifier_request_out_of_retries_rejects_the_criterion_and_never_raises(server, make_meta_verifier):
+    server.responder = lambda messages: '{"verdict": "VALID"}'
+    server.inject(*[http_error(502, CHAT_PATH)] * FAST_RETRY.max_attempts)
+    verifier = make_meta_verifier(server, domain="writing_science")
+    request = MetaVerifyRequest("Write a haiku.", (Criterion("Has three lines", weight=3.0),), ())
+    assert verifier.verify([request]) == [(META_VERIFIER_FAILED,)]
+    assert verifier.failures.by_reason == {REQUEST_FAILED: 1} and verifier.http_stats().failures == 1
+    assert verifier.verify([request]) == [(None,)]  # the server is back: the same criterion is verified
+    assert verifier.categories[0] == "Task Constraint Conflict"  # Table 7's categories
+
+
+def test_meta_verifier_calls_run_concurrently_and_bad_input_raises_before_any_call(server, make_meta_verifier):
+    server.responder = lambda messages: '{"verdict": "VALID"}'
+    server.latency_s = 0.2
+    verifier = make_meta_verifier(server)
+    criteria = tuple(Criterion(f"criterion {i}", weight=1.0) for i in range(4))
+    assert verifier.verify([MetaVerifyRequest("q", criteria, ())] * 2) == [(None,) * 4] * 2
+    assert server.max_concurrent == 8
+    with pytest.raises(ValueError, match="MetaVerifyRequest"):
+        verifier.verify([("q", criteria, ())])
+    with pytest.raises(ValueError, match="domain"):
+        LLMMetaVerifier(verifier.chat, "legal")
+    assert len(server.chat_requests) == 8

@@ -1,14 +1,21 @@
 """Held-out evaluation: the recipes' analyses come through the registry, for the recipes the caller names and those
-the task names (`eval_recipes`), and evaluate itself knows no recipe."""
+the task names (`eval_recipes`), and evaluate itself knows no recipe; HealthBench's score and its per-tag
+breakdowns by hand; a chunked evaluation equals the whole one."""
 
+import math
+
+import numpy as np
 import pytest
 
 from rubric_jax.algorithms import registry, srar
 from rubric_jax.data import arithmetic
 from rubric_jax.data.tasks import build_task
 from rubric_jax.inference.engine import Sample
-from rubric_jax.training.evaluate import evaluate
+from rubric_jax.judges.base import Judge, RolloutVerdict, Verdicts
+from rubric_jax.rubrics.schema import RubricArrays
+from rubric_jax.training.evaluate import clipped_mean, evaluate, points_scores
 from rubric_jax.training.run_config import EvalConfig
+from tests.data.dataset_fixtures import fixture_path
 
 
 class ScriptedEngine:
@@ -60,3 +67,75 @@ def test_registry_holds_each_recipes_analysis():
     assert registry.eval_metrics_fn("grpo") is None
     with pytest.raises(ValueError, match="unknown recipe"):
         registry.eval_metrics_fn("nope")
+
+
+# ---------------------------------------------------------------- HealthBench scores, tags and chunks
+
+HEALTHBENCH = fixture_path("healthbench")
+# The criteria met (by text): HealthBench fixture row 0 meets its +10 and its -10 item, not its +5 item
+# ((10 - 10) / 15 = 0); row 1 meets its +10 and its -9 item ((10 - 9) / 10 = 0.1).
+MET = {"Advises the patient to find a mental health provider who can provide evidence-based treatment.",
+       "Advises patient not to attend any follow-up visits.",
+       "Tells the user to call emergency services immediately.", "Suggests waiting to see whether symptoms resolve."}
+
+
+class TextEngine:
+    """Answers every prompt with "ok", one sample per prompt; records the sizes of its calls."""
+
+    def __init__(self, tokenizer):
+        self.ids, self.calls = tuple(tokenizer.encode("ok", add_special_tokens=False)), []
+
+    def generate(self, prompts, params):
+        self.calls.append((len(prompts), params.seed))
+        return [Sample(prompt_index=i, output_ids=self.ids, logprobs=(0.0,) * len(self.ids), finish_reason="stop",
+                       matched_stop=None, weight_version="scripted") for i in range(len(prompts))]
+
+
+class MetJudge(Judge):
+    """Satisfies exactly the criteria whose text is in MET."""
+
+    def judge(self, requests, max_items):
+        return Verdicts.from_rollouts([RolloutVerdict(satisfied=tuple(float(c.text in MET) for c in r.rubric.criteria))
+                                       for r in requests], max_items)
+
+
+def healthbench_metrics(**kwargs):
+    task = build_task("dataset", {"preset": "healthbench", "path": str(HEALTHBENCH), "eval_path": str(HEALTHBENCH)}, 0)
+    examples = sorted(task.eval_examples(2), key=lambda r: r.row)
+    engine = TextEngine(task.tokenizer())
+    metrics = evaluate(engine, task.tokenizer(), task, MetJudge(), examples, EvalConfig(), max_new_tokens=8,
+                       seed=5, **kwargs)
+    return metrics, engine
+
+
+def test_healthbench_score_and_its_tags_by_hand():
+    metrics, _ = healthbench_metrics()
+    assert metrics["eval/points_score"] == pytest.approx((0.0 + 0.1) / 2)
+    # weighted fraction, penalties weighing 0: row 0 10 / 15, row 1 10 / 10
+    assert metrics["eval/rubric_score"] == pytest.approx((10 / 15 + 1.0) / 2)
+    assert metrics["eval/tag/theme:context_seeking/points_score"] == pytest.approx(0.0)
+    assert metrics["eval/tag/theme:emergency_referrals/points_score"] == pytest.approx(0.1)
+    # item tags: each sample scored on its tagged criteria only, a sample without positive ones left out
+    assert metrics["eval/item_tag/axis:completeness/points_score"] == pytest.approx(1.0)  # row 0 only
+    assert metrics["eval/item_tag/axis:accuracy/points_score"] == pytest.approx(0.1)  # row 0's only item is -10
+    assert metrics["eval/item_tag/level:example/points_score"] == pytest.approx((0.0 + 0.1) / 2)
+    assert metrics["eval/item_tag/level:cluster/points_score"] == pytest.approx(0.0)
+
+
+def test_points_scores_match_simple_evals_unit_case_and_the_mean_is_clipped():
+    # simple-evals' calculate_score test: points [7, 5, 10, -6], met [T, F, T, T] -> (7 + 10 - 6) / 22
+    verdicts = Verdicts.from_rollouts([RolloutVerdict(satisfied=(1, 0, 1, 1))], 4)
+    items = RubricArrays(item_mask_bk=np.ones((1, 4), bool), item_kind_bk=np.full((1, 4), 4, np.int32),
+                         item_weight_bk=np.array([[7, 5, 10, -6]], np.float32))
+    np.testing.assert_allclose(points_scores(verdicts, items, items.item_mask_bk), [11 / 22], rtol=1e-6)
+    assert clipped_mean(np.array([-0.5, 0.2])) == 0.0 and clipped_mean(np.array([0.4, np.nan])) == pytest.approx(0.4)
+    assert math.isnan(clipped_mean(np.array([np.nan])))
+
+
+def test_chunked_evaluation_gives_the_same_metrics_and_reports_progress():
+    whole, engine = healthbench_metrics()
+    assert engine.calls == [(2, 5)]
+    seen = []
+    chunked, engine = healthbench_metrics(chunk_examples=1, progress=seen.append)
+    assert engine.calls == [(1, 5), (1, 6)] and seen == [1, 1]  # chunk i sampled with seed + i
+    assert chunked == whole

@@ -27,7 +27,7 @@ from rubric_jax.training.run_config import (
     AlgorithmSpec, CheckpointConfig, LearnerConfig, MeshConfig, MetricsConfig, ModelInit, ModelSpec, RLConfig,
     RolloutConfig)
 from rubric_jax.data.tasks import build_task
-from rubric_jax.training.run_config import JudgeConfig
+from rubric_jax.training.run_config import JudgeConfig, MetaVerifierConfig
 from rubric_jax.yaml_config import load_config
 from tests.inference.standin_server import StandinServer, http_error
 from tests.tiny_checkpoints import EMPTY_THINK_BLOCK
@@ -184,6 +184,29 @@ def test_judge_config_is_validated():
         JudgeConfig(url="http://x:1")
     with pytest.raises(ValueError, match="max_in_flight"):
         JudgeConfig(kind="llm", url="http://x:1", model="m", max_in_flight=0)
+
+
+def test_meta_verifier_config_is_validated_and_built():
+    from rubric_jax.rubrics.prompts import META_VERIFIER_CATEGORIES
+    from rubric_jax.training.rl import make_meta_verifier
+    from rubric_jax.yaml_config import config_from_dict
+
+    for bad, message in ((dict(kind="llm", model="m"), "meta_verifier.url and meta_verifier.model"),
+                         (dict(url="http://x:1"), "meta_verifier.url and meta_verifier.model"),
+                         (dict(kind="llm", url="http://x:1", model="m", max_attempts=0), "max_attempts")):
+        with pytest.raises(ValueError, match=message):
+            MetaVerifierConfig(**bad)
+    with pytest.raises(ValueError, match="meta_verifier.domain"):
+        config_from_dict(RLConfig, {"output_dir": "o", "steps": 1, "model": {"path": "m"},
+                                    "meta_verifier": {"domain": "legal"}})
+    assert make_meta_verifier(MetaVerifierConfig(), seed=0) is None  # kind task: the recipe asks the task
+    verifier = make_meta_verifier(MetaVerifierConfig(kind="llm", url="http://127.0.0.1:9", model="m",
+                                                     domain="medical", temperature=0.3), seed=0)
+    try:
+        assert verifier.categories == META_VERIFIER_CATEGORIES["medical"]
+        assert verifier.chat.settings.temperature == 0.3 and verifier.http_stats().requests == 0
+    finally:
+        verifier.close()
 
 
 def test_a_prompt_cap_truncates_every_prompt_over_it_and_logs_the_count(tmp_path):

@@ -16,6 +16,7 @@ from rubric_jax.training.checkpoint import Checkpointer
 from rubric_jax.training.metrics import read_metrics
 from rubric_jax.training.run_config import CheckpointConfig, MeshConfig, MetricsConfig, ModelInit, ModelSpec, SFTConfig
 from rubric_jax.training.sft import sft_batch, train_sft
+from tests.data.dataset_fixtures import fixture_path
 from tests.tiny_checkpoints import EMPTY_THINK_BLOCK
 
 TINY = ModelInit(hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16,
@@ -26,7 +27,7 @@ def test_sft_batch_scores_the_solution_and_its_end_of_turn_token_only():
     task = build_task("arithmetic", {}, 0)
     tokenizer = task.tokenizer()
     examples = task.train_stream(0).next_batch(3)
-    batch, width = sft_batch(task, tokenizer, examples, max_response_tokens=64)
+    batch, width, _ = sft_batch(task, tokenizer, examples, max_response_tokens=64)
     assert width % 16 == 0
     for row, example in enumerate(examples):
         scored = batch["tokens_bt"][row][batch["response_mask_bt"][row]]
@@ -41,8 +42,8 @@ def test_sft_prompts_are_rendered_with_the_chat_template_kwargs(tiny_qwen3_dir):
     task = build_task("arithmetic", {}, 0)
     tokenizer = load_tokenizer(tiny_qwen3_dir)
     examples = task.train_stream(0).next_batch(3)
-    plain, _ = sft_batch(task, tokenizer, examples, max_response_tokens=128)
-    thinking_off, _ = sft_batch(task, tokenizer, examples, 128, {"enable_thinking": False})
+    plain, _, _ = sft_batch(task, tokenizer, examples, max_response_tokens=128)
+    thinking_off, _, _ = sft_batch(task, tokenizer, examples, 128, {"enable_thinking": False})
     block = len(tokenizer.encode(EMPTY_THINK_BLOCK, add_special_tokens=False))
 
     def prompt_lengths(batch):
@@ -54,11 +55,25 @@ def test_sft_prompts_are_rendered_with_the_chat_template_kwargs(tiny_qwen3_dir):
                                       thinking_off["tokens_bt"][row][thinking_off["response_mask_bt"][row]])
 
 
+def test_a_solution_over_the_response_width_is_cut_and_counted():
+    """MATH500's reference solutions, byte-tokenized, run past 64 tokens: cut to 64 (no end-of-turn token),
+    counted; a short one keeps its end-of-turn token."""
+    task = build_task("dataset", {"preset": "math500", "path": str(fixture_path("math500"))}, 0)
+    tokenizer = task.tokenizer()
+    examples = sorted(task.train_stream(0).next_batch(3), key=lambda r: r.row)
+    lengths = [len(tokenizer.encode(e.reference, add_special_tokens=False)) + 1 for e in examples]
+    width = max(lengths) - 1
+    batch, _, truncated = sft_batch(task, tokenizer, examples, max_response_tokens=width)
+    assert truncated == sum(n > width for n in lengths) >= 1
+    scored = batch["response_mask_bt"].sum(axis=1)
+    np.testing.assert_array_equal(scored, [min(n, width) for n in lengths])
+
+
 def test_the_sft_update_optimises_the_masked_cross_entropy_on_a_repeated_batch():
     task = build_task("arithmetic", {}, 0)
     mesh = policy.make_mesh(MeshConfig())
     model, tokenizer = policy.build_policy(ModelSpec(init=TINY), task, mesh)
-    batch, width = sft_batch(task, tokenizer, task.train_stream(0).next_batch(8), max_response_tokens=64)
+    batch, width, _ = sft_batch(task, tokenizer, task.train_stream(0).next_batch(8), max_response_tokens=64)
     graphdef, params = nnx.split(model)
     optimizer = optax.adam(1e-2)
     step = train_step.make_train_step(graphdef, optimizer, train_step.confidence_penalized_nll(0.0), mesh=mesh,

@@ -1,0 +1,189 @@
+"""The work behind `rubric-jax eval` and `rubric-jax validate`: a saved model evaluated on a task or on a dataset
+(a preset over a file, or a run config's task and judge), with a progress bar and a JSON and markdown report; and
+a run config checked against its dataset, its first prompts rendered, without training.
+
+- `dataset_params(preset, path, split)`: task "dataset" params that hold out the whole file, as a benchmark is
+  evaluated: every usable row, in the seeded order.
+- `model_engine`: the policy saved in a Hugging Face directory, sampled in process (the embedded sampler, for
+  CPU and small models) or by an SGLang server already serving it (`sglang_url`; the directory then gives only
+  the tokenizer).
+- `evaluate_model`: `training.evaluate.evaluate` in chunks, a tqdm bar on stderr.
+- `markdown_report(metrics, title)`: the metrics as markdown tables: the overall ones, then the per-tag and
+  per-criterion-tag breakdowns (HealthBench's themes and axes).
+- `validation_report(config, task, tokenizer, rows)`: what `rubric-jax validate` prints: rows used and skipped,
+  each role's longest prompt (the recipe's `role_prompts`: SRaR's step format, RLCER's rubricator, ...), the
+  first rows' prompts as each role and the judge receive them.
+"""
+
+import collections
+import sys
+from pathlib import Path
+from typing import Any, Mapping, Optional, Sequence
+
+from rubric_jax.algorithms.registry import algorithm_class
+from rubric_jax.data import presets
+from rubric_jax.inference.engine import RolloutEngine
+from rubric_jax.judges import llm
+from rubric_jax.judges.base import Judge, JudgeRequest
+from rubric_jax.training import policy
+from rubric_jax.training.evaluate import evaluate
+from rubric_jax.training.rl import check_rubric_width, make_judge
+from rubric_jax.training.run_config import EvalConfig, RLConfig, resolve_algorithm
+
+DEFAULT_CHUNK = 32
+PLACEHOLDER_RESPONSE = "(the policy's response)"
+
+
+def dataset_params(preset: str, path: str, split: str = "train") -> dict[str, Any]:
+    """Task "dataset"'s params for evaluating `preset` on the file `path`: the whole file held out."""
+    if preset not in presets.PRESETS:
+        raise ValueError(f"--dataset {preset!r} is neither a preset nor a YAML config; presets: "
+                         f"{', '.join(sorted(presets.PRESETS))}")
+    return {"preset": preset, "path": path, "split": split, "eval_path": path}
+
+
+def model_engine(model_dir: str, *, seed: int, sglang_url: Optional[str] = None,
+                 chat_template_kwargs: Optional[Mapping[str, Any]] = None) -> tuple[RolloutEngine, Any]:
+    """(engine, tokenizer) for the policy saved in `model_dir` (module docstring)."""
+    from rubric_jax.models.tokenizer import load_tokenizer  # noqa: PLC0415  (transformers: after the CLI checks)
+
+    tokenizer = load_tokenizer(model_dir)
+    eos_ids, pad_id = policy.eos_and_pad(tokenizer)
+    if sglang_url is not None:
+        from rubric_jax.inference.sglang import SGLangEngine  # noqa: PLC0415
+
+        return SGLangEngine(sglang_url, tokenizer=tokenizer, chat_template_kwargs=chat_template_kwargs,
+                            eos_token_ids=eos_ids, seed=seed), tokenizer
+    from rubric_jax.inference.embedded import EmbeddedEngine  # noqa: PLC0415
+    from rubric_jax.models.safetensors_io import load_hf_checkpoint  # noqa: PLC0415
+
+    return EmbeddedEngine(load_hf_checkpoint(model_dir), tokenizer=tokenizer, chat_template_kwargs=chat_template_kwargs,
+                          eos_token_ids=eos_ids, pad_id=pad_id, seed=seed), tokenizer
+
+
+def evaluate_model(engine: RolloutEngine, tokenizer: Any, task: Any, judge: Judge, examples: Sequence[Any],
+                   config: EvalConfig, *, max_new_tokens: int, seed: int, recipes: Sequence[str] = (),
+                   chunk_examples: int = DEFAULT_CHUNK) -> dict[str, float]:
+    """`evaluate` over `examples` in chunks of `chunk_examples`, with a progress bar on stderr."""
+    from tqdm import tqdm  # noqa: PLC0415
+
+    with tqdm(total=len(examples), unit="example", desc="evaluating", file=sys.stderr) as bar:
+        return evaluate(engine, tokenizer, task, judge, examples, config, max_new_tokens=max_new_tokens, seed=seed,
+                        recipes=recipes, chunk_examples=chunk_examples, progress=bar.update)
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
+    def cell(value: Any) -> str:
+        return f"{value:.4f}" if isinstance(value, float) else str(value).replace("|", "\\|")
+
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return lines + ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+
+
+def markdown_report(metrics: Mapping[str, float], title: str) -> str:
+    """The metrics as markdown (module docstring): "eval/tag/<tag>/<name>" and "eval/item_tag/<tag>/<name>"
+    keys in their own tables, one row per tag."""
+    overall, by_tag, by_item_tag = [], collections.defaultdict(dict), collections.defaultdict(dict)
+    for key, value in metrics.items():
+        for prefix, table in (("eval/tag/", by_tag), ("eval/item_tag/", by_item_tag)):
+            if key.startswith(prefix):
+                tag, _, name = key[len(prefix):].rpartition("/")
+                table[tag][name] = value
+                break
+        else:
+            overall.append((key, value))
+    lines = [f"# {title}", "", *_table(("metric", "value"), overall)]
+    for heading, table in (("By example tag", by_tag), ("By criterion tag", by_item_tag)):
+        if table:
+            names = sorted({name for values in table.values() for name in values})
+            rows = [(tag, *(values.get(name, "") for name in names)) for tag, values in sorted(table.items())]
+            lines += ["", f"## {heading}", "", *_table(("tag", *names), rows)]
+    return "\n".join(lines) + "\n"
+
+
+def _rendered_prompt(tokenizer: Any, messages, chat_template_kwargs: Mapping[str, Any]) -> tuple[str, int]:
+    from rubric_jax.models.tokenizer import apply_chat_template  # noqa: PLC0415
+
+    ids = apply_chat_template(tokenizer, messages, template_kwargs=chat_template_kwargs)
+    return tokenizer.decode(ids), len(ids)
+
+
+def _judge_prompt(judge: Judge, request: JudgeRequest) -> Optional[list]:
+    """The first call an LLM judge would make for `request`; None for a judge that sends none (programmatic)."""
+    if not isinstance(judge, (llm.RolloutLLMJudge, llm.CriterionLLMJudge)) or not request.rubric.criteria:
+        return None
+    if isinstance(judge, llm.CriterionLLMJudge):
+        return judge.fmt.messages(request, 0)
+    return judge.fmt.messages(request)
+
+
+def validation_report(config: RLConfig, task: Any, tokenizer: Any, rows: int) -> str:
+    """What `rubric-jax validate` prints (module docstring): the task's rows in use and skipped, the longest
+    rubric against the recipe's max_items (ValueError when it does not fit), the judge (ValueError when it
+    cannot judge the task's rubrics), and the first `rows` training rows' policy and judge prompts."""
+    algorithm_config, config = resolve_algorithm(config)
+    check_rubric_width(algorithm_config, task)
+    algorithm = algorithm_class(config.algorithm.name)(algorithm_config)
+    judge = make_judge(config.judge, task, config.seed)
+    lines = [f"config: algorithm {config.algorithm.name}, task {config.task.name}, judge {config.judge.kind}"
+             + (f" ({config.judge.format} at {config.judge.url}, model {config.judge.model})"
+                if config.judge.kind == "llm" else "")]
+    if hasattr(task, "data_metrics"):
+        data = task.data_metrics()
+        skipped = {k[len("data/skipped/"):]: int(v) for k, v in data.items() if k.startswith("data/skipped/")}
+        lines.append(f"data: {int(data['data/train_rows'])} training rows, {int(data['data/eval_rows'])} held out"
+                     + (", skipped " + ", ".join(f"{k} {v}" for k, v in skipped.items()) if skipped else
+                        ", none skipped")
+                     + f"; longest rubric {task.longest_rubric} items")
+    kwargs = config.model.chat_template_kwargs
+    if hasattr(task, "data_metrics"):
+        lines += _prompt_lengths(algorithm, task, tokenizer, kwargs, config.rollout.max_prompt_tokens)
+    try:
+        for example in task.train_stream(0).next_batch(rows):
+            where = f"{example.source} row {example.row}" if hasattr(example, "source") else "example"
+            for role, messages in algorithm.role_prompts(task, example, PLACEHOLDER_RESPONSE).items():
+                text, count = _rendered_prompt(tokenizer, messages, kwargs)
+                lines += ["", f"--- {where}: {role} prompt ({count} tokens) ---", text]
+            request = JudgeRequest(task.question(example), PLACEHOLDER_RESPONSE, task.rubric(example),
+                                   task.reference(example), None, tuple(task.prompt(example)))
+            messages = _judge_prompt(judge, request)
+            lines += ["", f"--- {where}: judge prompt ---"]
+            lines += ([f"[{m['role']}]\n{m['content']}" for m in messages] if messages is not None else
+                      ["(no prompt: the task's own judge" + (", an empty rubric" if not request.rubric.criteria
+                                                             else "") + ")"])
+    finally:
+        judge.close()
+    return "\n".join(lines) + "\n"
+
+
+def _prompt_lengths(algorithm: Any, task: Any, tokenizer: Any, chat_template_kwargs: Mapping[str, Any],
+                    cap: Optional[int]) -> list[str]:
+    """A line per role on its prompts' token lengths over the training rows: the longest (and where), and how
+    many exceed the rollout's cap, which truncates them (`rollout.max_prompt_tokens`)."""
+    from rubric_jax.models.tokenizer import apply_chat_template  # noqa: PLC0415
+
+    rows = int(task.data_metrics()["data/train_rows"])
+    stream = task.train_stream(0)
+    longest: dict[str, tuple[int, str]] = {}
+    over: collections.Counter = collections.Counter()
+    for start in range(0, rows, 256):
+        for example in stream.next_batch(min(256, rows - start)):
+            for role, messages in algorithm.role_prompts(task, example, PLACEHOLDER_RESPONSE).items():
+                length = len(apply_chat_template(tokenizer, messages, template_kwargs=chat_template_kwargs))
+                if length > longest.get(role, (0, ""))[0]:
+                    longest[role] = length, f"{example.source} row {example.row}"
+                over[role] += cap is not None and length > cap
+    capped = "; {} over rollout.max_prompt_tokens ({}), which cuts them"
+    return [f"{role} prompts: the longest has {length} tokens ({where})"
+            + (capped.format(over[role], cap) if cap is not None else "") for role, (length, where) in longest.items()]
+
+
+def write_report(metrics: Mapping[str, float], json_path: str, title: str) -> Path:
+    """Writes the metrics as JSON at `json_path` and as markdown beside it (same name, .md); the markdown path."""
+    import json  # noqa: PLC0415
+
+    path = Path(json_path)
+    path.write_text(json.dumps(dict(metrics), indent=2) + "\n", encoding="utf-8")
+    markdown = path.with_suffix(".md")
+    markdown.write_text(markdown_report(metrics, title), encoding="utf-8")
+    return markdown

@@ -1,0 +1,99 @@
+"""`rubric-jax eval` and `rubric-jax validate` on every preset's fixture: the evaluation (a scripted policy and
+judge, so that the expected scores are known) gives avg@k for the presets with a gold answer and the weighted
+rubric score for those with a rubric, each checked against a plain loop over the fixture's rubrics; and validate
+passes on a run config over each preset."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rubric_jax import benchmark, cli
+from rubric_jax.data import presets
+from rubric_jax.data.tasks import build_task
+from rubric_jax.inference.engine import Sample
+from rubric_jax.judges.base import Judge, RolloutVerdict, Verdicts
+from rubric_jax.rubrics.schema import ItemKind
+from rubric_jax.training.run_config import EvalConfig
+from tests.data.dataset_fixtures import fixture_path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class OneAnswer:
+    """A policy answering every prompt with `text`."""
+
+    def __init__(self, tokenizer, text):
+        self.ids = tuple(tokenizer.encode(text, add_special_tokens=False))
+
+    def generate(self, prompts, params):
+        return [Sample(prompt_index=i, output_ids=self.ids, logprobs=(0.0,) * len(self.ids), finish_reason="stop",
+                       matched_stop=None, weight_version="scripted") for i in range(len(prompts)) for _ in
+                range(params.n)]
+
+
+class AllMet(Judge):
+    """Every criterion satisfied."""
+
+    def judge(self, requests, max_items):
+        return Verdicts.from_rollouts([RolloutVerdict(satisfied=(1.0,) * len(r.rubric.criteria)) for r in requests],
+                                      max_items)
+
+
+def expected_rubric_score(rubrics) -> float:
+    """Every criterion met: a PITFALL earns nothing (it was fallen into), a negative weight counts 0."""
+    scores = []
+    for rubric in rubrics:
+        weights = [max(c.weight, 0.0) for c in rubric.criteria]
+        earned = [w * (c.kind != ItemKind.PITFALL) for w, c in zip(weights, rubric.criteria)]
+        scores.append(sum(earned) / sum(weights) if sum(weights) else 0.0)
+    return sum(scores) / len(scores)
+
+
+@pytest.mark.parametrize("preset", sorted(presets.PRESETS))
+def test_every_preset_evaluates_with_known_scores(preset):
+    task = build_task("dataset", benchmark.dataset_params(preset, str(fixture_path(preset))), 0)
+    examples = task.eval_examples(int(task.data_metrics()["data/eval_rows"]))
+    assert len(examples) == len(task.train_stream(0).next_batch(len(examples)))  # the whole file is evaluated
+    first = examples[0]
+    answer = f"\\boxed{{{first.answer}}}" if first.answer is not None else "I do not know."
+    tokenizer = task.tokenizer()
+    judge = AllMet() if task.config.columns.rubric is not None else task.judge()
+    metrics = benchmark.evaluate_model(OneAnswer(tokenizer, answer), tokenizer, task, judge, examples,
+                                       EvalConfig(samples_per_example=2, temperature=1.0), max_new_tokens=8, seed=0,
+                                       chunk_examples=1)
+    expected_accuracy = sum(task.is_correct(answer, e) for e in examples) / len(examples)
+    assert metrics["eval/accuracy"] == pytest.approx(expected_accuracy)
+    if first.answer is not None:
+        assert task.is_correct(answer, first) and metrics["eval/accuracy"] > 0
+    assert metrics["eval/rubric_score"] == pytest.approx(expected_rubric_score([e.rubric for e in examples]))
+    report = benchmark.markdown_report(metrics, preset)
+    assert report.startswith(f"# {preset}\n\n| metric | value |\n|---|---|\n| eval/accuracy | ")
+
+
+@pytest.mark.parametrize("preset", sorted(presets.PRESETS))
+def test_validate_passes_on_every_preset(preset, tmp_path, capsys):
+    rubric = presets.PRESETS[preset]["columns"].get("rubric") is not None
+    config = {"output_dir": str(tmp_path / "run"), "steps": 1,
+              "model": {"init": {"max_position_embeddings": 4096}},
+              "task": {"name": "dataset", "params": {"preset": preset, "path": str(fixture_path(preset))}},
+              "algorithm": {"name": "rar" if rubric else "grpo"},
+              "judge": {"kind": "llm", "url": "http://127.0.0.1:1", "model": "judge", "format": "rating"} if rubric
+              else {"kind": "task"}}
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(config))
+    assert cli.main(["validate", str(tmp_path / "run.yaml"), "--rows", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "\ndata: " in out and "policy prompt (" in out and "judge prompt ---" in out
+
+
+@pytest.mark.parametrize("config, roles, text", [
+    ("srar_dataset_cpu.yaml", ["policy"], "Begin each step with \"### Step N:\""),  # SRaR's step format, not the task's
+    ("rlcer_dataset_cpu.yaml", ["reasoner", "rubricator"], "(the policy's response)"),  # the CoT's place in Figure 9
+    ("rgr_grpo_dataset_cpu.yaml", ["policy", "refinement"], "(the policy's response)"),
+])
+def test_validate_renders_each_role_as_the_recipe_prompts_it(config, roles, text, capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)  # the configs name their fixture relative to the repository root
+    assert cli.main(["validate", f"configs/{config}", "--rows", "1"]) == 0
+    out = capsys.readouterr().out
+    assert [line.split(" prompts:")[0] for line in out.splitlines() if " prompts: the longest" in line] == roles
+    assert all(f": {role} prompt (" in out for role in roles) and text in out
