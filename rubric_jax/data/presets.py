@@ -6,8 +6,9 @@ that names its question column otherwise).
 
 PRESET_SOURCES names, for each preset, the dataset (Hugging Face id or file) whose layout it reads and how its
 column names were checked: "card" (the dataset card's features or the owner's loading code was read), "copies"
-(only consistent third-party copies and loaders were seen), or "ours" (no public release: the layout is this
-project's, built from the paper's description). docs/datasets.md has the details and what could not be checked.
+(only consistent third-party copies and loaders were seen), "ours" (no public release: the layout is this
+project's, built from the paper's description) or "unverified" (nothing showed the columns: the preset assumes
+the common layout, and `rubric-jax validate` names the columns a file really has when it differs). docs/datasets.md has the details and what could not be checked.
 """
 
 from typing import Any
@@ -69,6 +70,8 @@ PRESETS: dict[str, dict[str, Any]] = {
         "rubric_items": {"text": "description", "name": "title", "weight": "weight"},
         "answer_kind": "none",
     },
+    # Unverified (only the dataset's name is known): verl's RL layout, a chat-messages prompt column, no rubric.
+    "longwriter_zero": {"columns": {"messages": "prompt"}, "answer_kind": "none"},
     "researchqa": {
         "columns": {"prompt": "query", "rubric": "rubric", "tags": "field", "id": "id"},
         "rubric_items": {"text": "rubric_item", "weight": None},
@@ -110,6 +113,7 @@ PRESET_SOURCES: dict[str, tuple[str, str]] = {
     "supergpqa": ("m-a-p/SuperGPQA", "card"),
     "healthbench": ("openai/simple-evals healthbench_eval.py (the oss_eval, hard and consensus JSONL)", "card"),
     "rar": ("ScaleAI/RaR-Medicine, ScaleAI/RaR-Science", "card"),
+    "longwriter_zero": ("THU-KEG/LongWriter-Zero-RLData", "unverified"),
     "researchqa": ("realliyifei/ResearchQA (test.json, valid.json)", "card"),
     "rubric_grounded": ("rubric_grounded_rl.txt, Appendix E (no public release)", "ours"),
     "rgr": ("rgr_grpo.txt, section 2 (no public release)", "ours"),

@@ -21,7 +21,7 @@ def records(task):
 
 def test_every_preset_has_a_fixture_and_a_source():
     assert set(presets.PRESET_SOURCES) == set(presets.PRESETS)
-    assert all(kind in ("card", "copies", "ours") for _, kind in presets.PRESET_SOURCES.values())
+    assert all(kind in ("card", "copies", "ours", "unverified") for _, kind in presets.PRESET_SOURCES.values())
     for preset in presets.PRESETS:
         assert fixture_path(preset).is_file(), preset
 
@@ -118,6 +118,13 @@ def test_rar_reads_titles_descriptions_and_signed_weights():
         ("Identify Most Sensitive Modality", 5.0), ("Explains Sensitivity", 3.0), ("Pregnancy Exception", -1.0)]
     assert first.rubric.criteria[0].text.startswith("Essential Criteria: Identifies")
     assert first.reference.startswith("The most sensitive imaging modality")
+
+
+def test_longwriter_zero_reads_a_chat_prompt_and_has_no_rubric():
+    task = fixture_task("longwriter_zero")
+    first, second = records(task)
+    assert task.question(first).startswith("Write a 3000-word short story") and first.rubric.criteria == ()
+    assert task.prompt(second) == [{"role": "user", "content": "请写一篇不少于5000字的关于城市更新与社区记忆的评论文章。"}]
 
 
 def test_researchqa_reads_unweighted_items_from_a_json_list():
