@@ -87,6 +87,17 @@ def test_eval_on_dataset_presets_writes_json_and_markdown(tmp_path, capsys):
     assert metrics["eval/item_tag/axis:accuracy/points_score"] == pytest.approx(0.1)  # row 0's is only -10
     assert "## By criterion tag" in (tmp_path / "hb.md").read_text()
 
+    # A run config's task and judge: its held-out rows (one of MATH500's three), its task judge.
+    run = {"output_dir": str(tmp_path / "rl"), "steps": 1, "model": {"path": model},
+           "task": {"name": "dataset", "params": {"preset": "math500", "path": str(FIXTURES / "math500.jsonl"),
+                                                  "eval_size": 1}},
+           "algorithm": {"name": "grpo"}, "eval": {"num_examples": 5}}
+    (tmp_path / "rl.yaml").write_text(yaml.safe_dump(run))
+    assert cli.main(["eval", model, "--dataset", str(tmp_path / "rl.yaml"), "--max-new-tokens", "8",
+                     "--output", str(tmp_path / "run.json")]) == 0
+    metrics = json.loads((tmp_path / "run.json").read_text())
+    assert metrics["eval/accuracy"] in (0.0, 1.0) and len([k for k in metrics if k.startswith("eval/tag/")]) == 2
+
 
 # ---------------------------------------------------------------- bad input: one line, status 2, no traceback
 
