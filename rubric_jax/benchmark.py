@@ -25,6 +25,7 @@ from rubric_jax.data import presets
 from rubric_jax.inference.engine import RolloutEngine
 from rubric_jax.judges import llm
 from rubric_jax.judges.base import Judge, JudgeRequest
+from rubric_jax.quickstart import embedded_engine_from
 from rubric_jax.training import policy
 from rubric_jax.training.evaluate import evaluate
 from rubric_jax.training.rl import check_rubric_width, make_judge
@@ -45,20 +46,15 @@ def dataset_params(preset: str, path: str, split: str = "train") -> dict[str, An
 def model_engine(model_dir: str, *, seed: int, sglang_url: Optional[str] = None,
                  chat_template_kwargs: Optional[Mapping[str, Any]] = None) -> tuple[RolloutEngine, Any]:
     """(engine, tokenizer) for the policy saved in `model_dir` (module docstring)."""
-    from rubric_jax.models.tokenizer import load_tokenizer  # noqa: PLC0415  (transformers: after the CLI checks)
+    if sglang_url is None:
+        return embedded_engine_from(Path(model_dir), seed, chat_template_kwargs)
+    from rubric_jax.inference.sglang import SGLangEngine  # noqa: PLC0415  (only on hosts with a server)
+    from rubric_jax.models.tokenizer import load_tokenizer  # noqa: PLC0415
 
     tokenizer = load_tokenizer(model_dir)
-    eos_ids, pad_id = policy.eos_and_pad(tokenizer)
-    if sglang_url is not None:
-        from rubric_jax.inference.sglang import SGLangEngine  # noqa: PLC0415
-
-        return SGLangEngine(sglang_url, tokenizer=tokenizer, chat_template_kwargs=chat_template_kwargs,
-                            eos_token_ids=eos_ids, seed=seed), tokenizer
-    from rubric_jax.inference.embedded import EmbeddedEngine  # noqa: PLC0415
-    from rubric_jax.models.safetensors_io import load_hf_checkpoint  # noqa: PLC0415
-
-    return EmbeddedEngine(load_hf_checkpoint(model_dir), tokenizer=tokenizer, chat_template_kwargs=chat_template_kwargs,
-                          eos_token_ids=eos_ids, pad_id=pad_id, seed=seed), tokenizer
+    eos_ids, _ = policy.eos_and_pad(tokenizer)
+    return SGLangEngine(sglang_url, tokenizer=tokenizer, chat_template_kwargs=chat_template_kwargs,
+                        eos_token_ids=eos_ids, seed=seed), tokenizer
 
 
 def evaluate_model(engine: RolloutEngine, tokenizer: Any, task: Any, judge: Judge, examples: Sequence[Any],

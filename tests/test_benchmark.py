@@ -11,25 +11,13 @@ import yaml
 from rubric_jax import benchmark, cli
 from rubric_jax.data import presets
 from rubric_jax.data.tasks import build_task
-from rubric_jax.inference.engine import Sample
 from rubric_jax.judges.base import Judge, RolloutVerdict, Verdicts
 from rubric_jax.rubrics.schema import ItemKind
 from rubric_jax.training.run_config import EvalConfig
 from tests.data.dataset_fixtures import fixture_path
+from tests.training.test_evaluate import TextEngine
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-class OneAnswer:
-    """A policy answering every prompt with `text`."""
-
-    def __init__(self, tokenizer, text):
-        self.ids = tuple(tokenizer.encode(text, add_special_tokens=False))
-
-    def generate(self, prompts, params):
-        return [Sample(prompt_index=i, output_ids=self.ids, logprobs=(0.0,) * len(self.ids), finish_reason="stop",
-                       matched_stop=None, weight_version="scripted") for i in range(len(prompts)) for _ in
-                range(params.n)]
 
 
 class AllMet(Judge):
@@ -59,7 +47,7 @@ def test_every_preset_evaluates_with_known_scores(preset):
     answer = f"\\boxed{{{first.answer}}}" if first.answer is not None else "I do not know."
     tokenizer = task.tokenizer()
     judge = AllMet() if task.config.columns.rubric is not None else task.judge()
-    metrics = benchmark.evaluate_model(OneAnswer(tokenizer, answer), tokenizer, task, judge, examples,
+    metrics = benchmark.evaluate_model(TextEngine(tokenizer, answer), tokenizer, task, judge, examples,
                                        EvalConfig(samples_per_example=2, temperature=1.0), max_new_tokens=8, seed=0,
                                        chunk_examples=1)
     expected_accuracy = sum(task.is_correct(answer, e) for e in examples) / len(examples)

@@ -17,7 +17,7 @@ ALLOWED.update({
     "yaml_config": set(),
     "data": {"core", "rubrics", "models", "inference", "judges", "yaml_config"},
     "quickstart": {*ORDER, "data", "yaml_config"},
-    "benchmark": {*ORDER, "data", "yaml_config"},
+    "benchmark": {*ORDER, "data", "yaml_config", "quickstart"},
     "cli": {*ORDER, "data", "yaml_config", "quickstart", "benchmark"},
 })
 # The recipe modules, which training must not import: everything in algorithms/ but the shared helpers and the

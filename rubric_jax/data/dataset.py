@@ -47,7 +47,8 @@ import transformers
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 from rubric_jax.data import arithmetic
-from rubric_jax.judges.outcome import EQUIVALENT, OutcomeVerifier, equivalence_status, extract_boxed
+from rubric_jax.judges.outcome import (
+    EQUIVALENT, OutcomeVerifier, equivalence_status, final_answer_text, math_answer)
 from rubric_jax.judges.programmatic import ProgrammaticJudge
 from rubric_jax.rubrics import parsing
 from rubric_jax.rubrics.schema import FORMATS, Criterion, ItemKind, Rubric
@@ -60,7 +61,6 @@ ROLES = ("system", "user", "assistant")
 MAX_LOGGED_SKIPS = 5
 MAX_RUBRIC_ITEMS = 256  # of one row: far above any paper's (SRaR's rubrics average 7.5 items)
 _ITEM_KINDS = {kind.name: kind for kind in ItemKind}
-ANSWER_LINE = re.compile(r"(?im)^[ \t*]*answer[ \t*]*:[ \t*]*([^\n]+)$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -659,25 +659,6 @@ class DatasetStream:
         batch = [self.task._record(self.task._train, self._row(p)) for p in range(start, start + n)]
         self._position = start + n
         return batch
-
-
-def math_answer(response: str) -> Optional[str]:
-    """A math response's final answer: its last box, or else its last "Answer: ..." line (the form DAPO-Math's
-    own prompt asks for, which verl's math_dapo reads); None when it has neither."""
-    boxed = extract_boxed(response)
-    if boxed is not None:
-        return boxed
-    lines = ANSWER_LINE.findall(response)
-    return lines[-1].strip() if lines and lines[-1].strip() else None
-
-
-def final_answer_text(response: str) -> str:
-    """The last box's content, or else the last non-empty line (answer_kind exact)."""
-    boxed = extract_boxed(response)
-    if boxed is not None:
-        return boxed
-    lines = [line for line in response.strip().splitlines() if line.strip()]
-    return lines[-1] if lines else ""
 
 
 def _normalised(text: str) -> str:

@@ -8,7 +8,8 @@ PRESET_SOURCES names, for each preset, the dataset (Hugging Face id or file) who
 column names were checked: "card" (the dataset card's features or the owner's loading code was read), "copies"
 (only consistent third-party copies and loaders were seen), "ours" (no public release: the layout is this
 project's, built from the paper's description) or "unverified" (nothing showed the columns: the preset assumes
-the common layout, and `rubric-jax validate` names the columns a file really has when it differs). docs/datasets.md has the details and what could not be checked.
+the common layout, and `rubric-jax validate` names the columns a file really has when it differs).
+docs/datasets.md has the details and what could not be checked.
 """
 
 from typing import Any

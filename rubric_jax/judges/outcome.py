@@ -5,6 +5,8 @@ EvoRubric's outcome reward z, RGR-GRPO's answer check).
   counts: SRaR's format reward looks for `\\boxed{` (REFERENCE.md section 2), and `\\boxed 5` is not extracted.
 - `answers_equivalent`: math-verify's parse and verify (sets, intervals, fractions vs decimals, reordered sums,
   equations `x = 3` vs `3`) behind a wall-clock limit; it never raises on any strings.
+- `math_answer`: the last box, or else the last "Answer: ..." line (DAPO-Math's form); `final_answer_text`: the
+  last box, or else the last non-empty line (an exact-match answer).
 - `extract_choice`: a multiple-choice letter, from a box, an "answer is" phrase or the last line.
 - `OutcomeVerifier`: a response and a ground truth to a 0 / 1 score and a reason.
 
@@ -44,6 +46,7 @@ EQUIVALENT, NOT_EQUIVALENT, EMPTY, TOO_LONG, TIMEOUT, ERROR = (
     "equivalent", "not_equivalent", "empty", "too_long", "timeout", "error",
 )
 
+ANSWER_LINE = re.compile(r"(?im)^[ \t*]*answer[ \t*]*:[ \t*]*([^\n]+)$")
 _BOX_OPENING = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _BRACE_OR_ESCAPE = re.compile(r"\\.|[{}]", re.DOTALL)
 # What may stand between "answer (is)" and its letter: each piece starts with its own character, so a failed
@@ -83,6 +86,25 @@ def extract_boxed(text: str) -> Optional[str]:
             if depth == 0:
                 return text[opening.end() : token.start()].strip()
     return None
+
+
+def math_answer(response: str) -> Optional[str]:
+    """A math response's final answer: its last box, or else its last "Answer: ..." line (the form DAPO-Math's
+    own prompt asks for, which verl's math_dapo reads); None when it has neither."""
+    boxed = extract_boxed(response)
+    if boxed is not None:
+        return boxed
+    lines = ANSWER_LINE.findall(response)
+    return lines[-1].strip() if lines and lines[-1].strip() else None
+
+
+def final_answer_text(response: str) -> str:
+    """The last box's content, or else the last non-empty line (answer_kind exact)."""
+    boxed = extract_boxed(response)
+    if boxed is not None:
+        return boxed
+    lines = [line for line in response.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else ""
 
 
 def _check_letters(letters: str) -> None:

@@ -368,7 +368,8 @@ def train_rl(config: RLConfig, task: Any, *, judge=None, model=None, tokenizer=N
                 jax.block_until_ready(state.params)
             with timer.phase("sync"):
                 engine.update_weights(nnx.merge(graphdef, policy.copy_params(state.params)), f"step-{step + 1}")
-            metrics = {**data_metrics, **experience.metrics, **train_metrics, **critic_metrics, **_mismatch_metrics(batch, old_logp_bt),
+            metrics = {**data_metrics, **experience.metrics, **train_metrics, **critic_metrics,
+                       **_mismatch_metrics(batch, old_logp_bt),
                        **{name: float(value) for name, value in context.prompt_metrics.items()},
                        **_request_metrics("judge", judge.http_stats(), judge_requests_seen),
                        **_request_metrics("meta_verifier",

@@ -380,27 +380,6 @@ def test_the_recipes_max_items_must_hold_the_longest_rubric(rows_file):
     check_rubric_width(Narrow(), task)
 
 
-@pytest.mark.parametrize("response, answer", [
-    ("so \\boxed{12}", "12"),
-    ("Answer: 12", "12"),
-    ("step...\nAnswer: 7\nthen\n**Answer:** 12", "12"),  # the last line wins; markdown emphasis allowed
-    ("Answer: 7\n\\boxed{12}", "12"),  # a box first
-    ("The answer: is unclear", None),  # mid-line: not an answer line
-    ("Answer:   \n", None),
-    ("no answer at all", None),
-])
-def test_math_answer_reads_the_last_box_or_answer_line(response, answer):
-    assert dataset.math_answer(response) == answer
-
-
-@given(st.text(alphabet=st.sampled_from("Answer: \n\\boxed{}*x1"), max_size=60) | st.text(max_size=100))
-def test_math_answer_and_final_answer_never_raise_and_return_part_of_the_response(response):
-    answer = dataset.math_answer(response)
-    assert answer is None or (answer and answer in response)
-    final = dataset.final_answer_text(response)
-    assert isinstance(final, str) and final in response
-
-
 @given(st.text(max_size=200))
 def test_the_byte_tokenizer_encodes_any_text_and_decodes_it_back(text):
     tokenizer = _byte_tokenizer()

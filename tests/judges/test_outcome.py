@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from rubric_jax.judges import outcome
 from rubric_jax.judges.outcome import EMPTY, EQUIVALENT, ERROR, NOT_EQUIVALENT, TIMEOUT, TOO_LONG, OutcomeVerdict
 from rubric_jax.judges.outcome import OutcomeVerifier, answers_equivalent, equivalence_status
-from rubric_jax.judges.outcome import extract_boxed, extract_choice
+from rubric_jax.judges.outcome import extract_boxed, extract_choice, final_answer_text, math_answer
 
 # ------------------------------------------------------------------ extract_boxed
 
@@ -466,3 +466,27 @@ def test_verifier_never_raises_on_responses(response, kind):
     verdict = OutcomeVerifier(kind=kind, timeout_s=2.0).verify(response, "B" if kind == "choice" else "1/2")
     assert verdict.score in (0.0, 1.0)
     assert (verdict.score == 1.0) == (verdict.reason == "correct")
+
+
+# ------------------------------------------------------------------ math_answer, final_answer_text
+
+
+@pytest.mark.parametrize("response, answer", [
+    ("so \\boxed{12}", "12"),
+    ("Answer: 12", "12"),
+    ("step...\nAnswer: 7\nthen\n**Answer:** 12", "12"),  # the last line wins; markdown emphasis allowed
+    ("Answer: 7\n\\boxed{12}", "12"),  # a box first
+    ("The answer: is unclear", None),  # mid-line: not an answer line
+    ("Answer:   \n", None),
+    ("no answer at all", None),
+])
+def test_math_answer_reads_the_last_box_or_answer_line(response, answer):
+    assert math_answer(response) == answer
+
+
+@given(st.text(alphabet=st.sampled_from("Answer: \n\\boxed{}*x1"), max_size=60) | st.text(max_size=100))
+def test_math_answer_and_final_answer_never_raise_and_return_part_of_the_response(response):
+    answer = math_answer(response)
+    assert answer is None or (answer and answer in response)
+    final = final_answer_text(response)
+    assert isinstance(final, str) and final in response

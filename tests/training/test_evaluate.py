@@ -80,15 +80,16 @@ MET = {"Advises the patient to find a mental health provider who can provide evi
 
 
 class TextEngine:
-    """Answers every prompt with "ok", one sample per prompt; records the sizes of its calls."""
+    """Answers every prompt with `text`, params.n samples each; records the sizes and seeds of its calls."""
 
-    def __init__(self, tokenizer):
-        self.ids, self.calls = tuple(tokenizer.encode("ok", add_special_tokens=False)), []
+    def __init__(self, tokenizer, text="ok"):
+        self.ids, self.calls = tuple(tokenizer.encode(text, add_special_tokens=False)), []
 
     def generate(self, prompts, params):
         self.calls.append((len(prompts), params.seed))
         return [Sample(prompt_index=i, output_ids=self.ids, logprobs=(0.0,) * len(self.ids), finish_reason="stop",
-                       matched_stop=None, weight_version="scripted") for i in range(len(prompts))]
+                       matched_stop=None, weight_version="scripted") for i in range(len(prompts))
+                for _ in range(params.n)]
 
 
 class MetJudge(Judge):
