@@ -37,6 +37,15 @@ setup(
         # the trainer's metrics: TensorBoard event files and PNG plots (rubric_jax.training.metrics)
         "tensorboardX>=2.6",
         "matplotlib>=3.8",
+        # rubric synthesis (rubric_jax.data.synthesis): the papers' output schemas as pydantic models, which
+        # validate every generated record and give the JSON schema sent as response_format
+        "pydantic>=2.6",
+        # judge-agreement statistics (rubric_jax.judges.agreement): Cohen's kappa and confusion matrices from
+        # scikit-learn, correlations from scipy
+        "scikit-learn>=1.3",
+        "scipy>=1.10",
+        # the progress bars of evaluation and synthesis
+        "tqdm>=4.66",
     ],
     entry_points={"console_scripts": ["rubric-jax=rubric_jax.cli:main"]},
     extras_require={

@@ -35,6 +35,12 @@ commands:
   eval        held-out accuracy (avg@k, pass@k) and rubric satisfaction of a saved model, on a task or a dataset
               (a preset over a file, or a run config's task and judge), with a JSON and markdown report
   validate    check a run config and its dataset without training: rows used and skipped, the first prompts
+  synthesize  build a rubric dataset with an LLM from documents or questions (the papers' pipelines: rubric-grounded,
+              RGR-GRPO, Rubrics as Rewards), resumable, in the layout a dataset preset reads, with a corpus summary
+  judge-agreement
+              can the judge be trusted: agreement (percent, Cohen's kappa, score correlations) of two judges, or a
+              judge and human labels, on judged rollouts (a run's saved ones); a judge's self-consistency and its
+              sensitivity to the criteria's order and the response's length; a markdown, PNG and JSON report
 """
 
 
@@ -111,6 +117,11 @@ def build_parser() -> argparse.ArgumentParser:
                                                        "config, every row of the dataset, the recipe's max_items, "
                                                        "the judge; prints the first rows' policy and judge prompts")
     validate.add_argument("--rows", type=_positive_int, default=2, help="rows whose prompts are shown (default 2)")
+    synthesize = _config_command(
+        subparsers, "synthesize", "rubric synthesis from a YAML config (configs/synthesize_*.yaml): every input row "
+                                  "through the pipeline's LLM stages into output_dir/<split>.jsonl, with a summary; "
+                                  "a rerun resumes, skipping what is done")
+    synthesize.add_argument("--no-progress", action="store_true", help="no progress bar")
     evaluate = subparsers.add_parser("eval", help="held-out accuracy and rubric satisfaction of a saved model",
                                      description="Evaluates a Hugging Face model directory (e.g. <run>/model) on a "
                                                  "task's held-out set, or on a dataset (--dataset: a preset over "
@@ -143,6 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
                           help='the chat template\'s variables, e.g. \'{"enable_thinking": false}\' (Qwen3 '
                                "non-thinking mode)")
     evaluate.add_argument("--output", help="also write the metrics to this JSON file")
+    _agreement_command(subparsers)
     parser.commands = subparsers.choices
     return parser
 
@@ -217,6 +229,12 @@ def _checked_config(args):
         resolve_algorithm(config)
     elif args.command == "sft":
         config = _load(SFTConfig, args.config, args.overrides)
+    elif args.command == "synthesize":
+        from rubric_jax.data import synthesis  # noqa: PLC0415
+
+        config = _load(synthesis.SynthesisConfig, args.config, args.overrides)
+        _check_writable_directory(config.output_dir)
+        return synthesis.plan_synthesis(config)
     else:
         config = _eval_plan(args)
         _check_model_directory(args.model)
@@ -271,27 +289,28 @@ def _one_line(error: Exception) -> str:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "judge-agreement":
+        return _judge_agreement(args)
     try:
         config = _checked_config(args)
-        # Task names and parameters are checked here too, before any model is built.
-        from rubric_jax.data.tasks import build_task  # noqa: PLC0415  (imports transformers: after the cheap checks)
-
-        task_spec = config.task if args.command == "eval" else (
-            config.task.name, config.task.params, config.task.seed)
-        task = build_task(*task_spec)
+        # The synthesis plan holds its input task; every other command's task is checked here, before any model
+        # is built.
+        task = None if args.command == "synthesize" else _checked_task(args, config)
         if args.command == "eval":
             judge = _eval_judge(config.judge, task, args)
-        elif args.command != "validate":
-            _check_writable_directory(config.output_dir, "output_dir")
-        else:
+        elif args.command == "validate":
             from rubric_jax.benchmark import validation_report  # noqa: PLC0415
 
             print(validation_report(config, task, _validation_tokenizer(config, task), args.rows), end="")
             return 0
+        elif args.command != "synthesize":
+            _check_writable_directory(config.output_dir, "output_dir")
     except (ValueError, OSError) as error:
         print(f"rubric-jax {args.command}: {_one_line(error)}", file=sys.stderr)
         return 2
 
+    if args.command == "synthesize":
+        return _synthesize(config, progress=not args.no_progress)
     if args.command == "quickstart":
         from rubric_jax.quickstart import run_quickstart  # noqa: PLC0415
 
@@ -321,6 +340,25 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return 0
 
 
+def _checked_task(args, config):
+    from rubric_jax.data.tasks import build_task  # noqa: PLC0415  (imports transformers: after the cheap checks)
+
+    return build_task(*(config.task if args.command == "eval" else (
+        config.task.name, config.task.params, config.task.seed)))
+
+
+def _synthesize(plan, *, progress: bool) -> int:
+    """Runs a checked `rubric-jax synthesize` plan and prints the corpus counts."""
+    from rubric_jax.data import synthesis  # noqa: PLC0415
+
+    summary = synthesis.run_synthesis(plan, progress=progress)
+    print(json.dumps({key: summary[key] for key in ("sources", "records", "discards")}, indent=2))
+    out = plan.config.output_dir
+    print(f"rubric-jax synthesize: wrote {out} (summary.md); train on it with task.params {{preset: "
+          f"{summary['preset']}, path: {out}/train.jsonl}}", file=sys.stderr)
+    return 0
+
+
 def _eval_judge(config: JudgeConfig, task, args):
     """The judge of `rubric-jax eval`, and its recipes checked; ValueError naming the flags to set."""
     from rubric_jax.algorithms.registry import eval_metrics_fn  # noqa: PLC0415
@@ -341,6 +379,135 @@ def _validation_tokenizer(config: RLConfig, task):
     from rubric_jax.models.tokenizer import load_tokenizer  # noqa: PLC0415
 
     return load_tokenizer(config.model.path)
+
+
+def _agreement_command(subparsers) -> None:
+    """The parser of `rubric-jax judge-agreement`."""
+    command = subparsers.add_parser(
+        "judge-agreement",
+        help="can the judge be trusted: two judges' (or a judge's and human labels') agreement, and a judge's "
+             "self-consistency and position and length sensitivity",
+        description="Compares two raters of the same rubric items, judge A and judge B (two OpenAI-compatible "
+                    "judges; A may be the verdicts saved with the items, B human labels): percent agreement and "
+                    "Cohen's kappa per criterion and overall (scores binarised at 0.5), Pearson and Spearman "
+                    "correlations of the per-response rubric scores. Probes one judge (A, or B when A is saved "
+                    "verdicts): its self-consistency over repeats, and how its verdicts move when the criteria are "
+                    "permuted or the responses padded with content-free filler. Failed verdicts are excluded and "
+                    "counted. Writes --output (markdown) and beside it a confusion-table plot (.png) and the "
+                    "numbers (.json); docs/judge_agreement.md.")
+    command.add_argument("items", help="judged rollouts: a JSONL file (rubric_jax.judges.records) or a directory "
+                                       "of them, e.g. a run's rollouts/ directory")
+    command.add_argument("--output", required=True, metavar="REPORT.md",
+                         help="the markdown report; REPORT.png and REPORT.json are written beside it")
+    rater_a = command.add_argument_group("rater A: a judge, or the saved verdicts")
+    rater_a.add_argument("--judge-a-url", metavar="URL", help="judge A's OpenAI-compatible server")
+    rater_a.add_argument("--judge-a-model", metavar="NAME", help="judge A's served model name")
+    rater_a.add_argument("--use-saved-verdicts", action="store_true",
+                         help="rater A is the verdict saved with each item (the run's judge); no re-judging")
+    rater_b = command.add_argument_group("rater B (optional with a probe): a judge, or human labels")
+    rater_b.add_argument("--judge-b-url", metavar="URL", help="judge B's OpenAI-compatible server")
+    rater_b.add_argument("--judge-b-model", metavar="NAME", help="judge B's served model name")
+    rater_b.add_argument("--labels", metavar="FILE",
+                         help='human labels, JSONL: {"id": <item id>, "satisfied": [0 or 1 per criterion]} a line; '
+                              "unlabelled items are excluded and counted")
+    judging = command.add_argument_group("judging")
+    judging.add_argument("--format", default="rating", choices=JUDGE_FORMATS,
+                         help="how both judges are asked (default: rating, one call per criterion)")
+    judging.add_argument("--temperature", type=float, default=0.0, help="the judges' temperature (default 0)")
+    judging.add_argument("--seed", type=int, default=0,
+                         help="the judges' sampling seed (repeat r: seed + r), the permutations' and --sample's")
+    judging.add_argument("--sample", type=_positive_int, metavar="N",
+                         help="a seeded random sample of N items (default: every item)")
+    probes = command.add_argument_group("probes of one judge (A, or B when A is the saved verdicts)")
+    probes.add_argument("--repeats", type=_positive_int, default=1, metavar="N",
+                        help="judge the items N times (needs --temperature > 0): self-consistency (default 1: off)")
+    probes.add_argument("--permute", action="store_true",
+                        help="re-judge with each item's criteria in a seeded random order: position sensitivity")
+    probes.add_argument("--pad-chars", type=int, default=0, metavar="N",
+                        help="re-judge with N+ characters of content-free filler appended to each response: length "
+                             "sensitivity (default 0: off)")
+
+
+def _agreement_judge(args, side: str) -> Optional[JudgeConfig]:
+    """Judge `side`'s config from --judge-<side>-url and --judge-<side>-model; None when neither is given."""
+    url, model = getattr(args, f"judge_{side}_url"), getattr(args, f"judge_{side}_model")
+    if url is None and model is None:
+        return None
+    if url is None or model is None:
+        raise ValueError(f"--judge-{side}-url and --judge-{side}-model go together")
+    return JudgeConfig(kind="llm", url=url, model=model, format=args.format, temperature=args.temperature)
+
+
+def _agreement_plan(args):
+    """The checked inputs of `rubric-jax judge-agreement`: (items, rater A, rater B or None, probes); ValueError
+    naming the flag or the file's line."""
+    import random  # noqa: PLC0415
+
+    from rubric_jax.judges import agreement  # noqa: PLC0415  (imports jax: after the argument checks)
+    from rubric_jax.judges.records import read_judged_rollouts  # noqa: PLC0415
+    from rubric_jax.training.rl import make_judge  # noqa: PLC0415
+
+    if Path(args.output).suffix != ".md":
+        raise ValueError(f"--output {args.output} must name a markdown file (.md): the plot and the numbers are "
+                         "written beside it (.png, .json)")
+    _check_output_file(args.output)
+    for flag, value in (("--pad-chars", args.pad_chars), ("--seed", args.seed), ("--temperature", args.temperature)):
+        if value < 0:
+            raise ValueError(f"{flag} must be >= 0, got {value}")
+    if args.repeats > 1 and args.temperature <= 0:
+        raise ValueError("--repeats needs --temperature > 0: greedy repeats measure no sampling variability")
+    config_a, config_b = _agreement_judge(args, "a"), _agreement_judge(args, "b")
+    if (config_a is None) == (not args.use_saved_verdicts):
+        raise ValueError("rater A is either a judge (--judge-a-url, --judge-a-model) or --use-saved-verdicts: give "
+                         + ("one" if config_a is None else "only one"))
+    if config_b is not None and args.labels is not None:
+        raise ValueError("rater B is either a judge (--judge-b-url, --judge-b-model) or --labels: give only one")
+    items = read_judged_rollouts(args.items)
+    if not items:
+        raise ValueError(f"{args.items} holds no items")
+    if args.format == "grounded" and (config_a is not None or config_b is not None):
+        missing = [item.id for item in items if item.request.reference is None]
+        if missing:
+            raise ValueError(f"--format grounded shows the judge each item's reference (its grounding passage); "
+                             f"{len(missing)} items have none, the first {missing[0]!r}")
+    labels = None if args.labels is None else agreement.read_human_labels(args.labels, items)
+    if args.use_saved_verdicts and all(item.verdict is None for item in items):
+        raise ValueError(f"--use-saved-verdicts: no item of {args.items} has a saved verdict")
+    keep = range(len(items))
+    if args.sample is not None and args.sample < len(items):
+        keep = sorted(random.Random(args.seed).sample(range(len(items)), args.sample))
+    items = [items[i] for i in keep]
+
+    def rater(config: JudgeConfig):
+        return agreement.Rater(f"{config.model} at {config.url} ({config.format})",
+                               judge_at=lambda seed: make_judge(config, None, seed))
+
+    a = rater(config_a) if config_a is not None else agreement.Rater(
+        f"the verdicts saved in {args.items}", ratings=[item.verdict for item in items])
+    b = rater(config_b) if config_b is not None else None
+    if labels is not None:
+        b = agreement.Rater(f"human labels ({args.labels})", ratings=[labels[i] for i in keep])
+    probes = agreement.Probes(repeats=args.repeats, permute=args.permute, pad_chars=args.pad_chars, seed=args.seed)
+    agreement.check_plan(a, b, probes)
+    return items, a, b, probes
+
+
+def _judge_agreement(args) -> int:
+    """`rubric-jax judge-agreement`: the inputs checked (one line on stderr, status 2, for a problem), the raters
+    compared and probed, the report written and printed."""
+    try:
+        items, a, b, probes = _agreement_plan(args)
+    except (ValueError, OSError) as error:
+        print(f"rubric-jax {args.command}: {_one_line(error)}", file=sys.stderr)
+        return 2
+    from rubric_jax.judges import agreement  # noqa: PLC0415
+
+    report = agreement.measure_agreement(items, a, b, probes,
+                                         log=lambda line: print(f"rubric-jax {args.command}: {line}", file=sys.stderr))
+    markdown, plot, numbers = agreement.write_report(report, args.output)
+    print(markdown.read_text(encoding="utf-8"), end="")
+    print(f"rubric-jax {args.command}: wrote {markdown}, {plot}, {numbers}", file=sys.stderr)
+    return 0
 
 
 if __name__ == "__main__":

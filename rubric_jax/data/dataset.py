@@ -40,7 +40,7 @@ import math
 import re
 import string
 from pathlib import Path
-from typing import Any, Literal, Mapping, Optional, Sequence
+from typing import Any, Iterator, Literal, Mapping, Optional, Sequence
 
 import numpy as np
 import transformers
@@ -610,6 +610,10 @@ class DatasetTask:
 
     def train_stream(self, position: int) -> "DatasetStream":
         return DatasetStream(self, position)
+
+    def train_records(self) -> Iterator[Record]:
+        """Every usable training row's Record once, in file order (what the synthesis pipelines read)."""
+        return (self._record(self._train, i) for i in self._train.rows)
 
     def eval_examples(self, count: int) -> list[Record]:
         """The first `count` held-out rows (all of them when there are fewer); ValueError when there are none."""

@@ -10,6 +10,9 @@ llm.py           LLM judges over an OpenAI-compatible chat endpoint: `RolloutLLM
                  and schema fallback; EvoRubric's meta-verifier as an LLM (`LLMMetaVerifier`).
 outcome.py       `extract_boxed`, `extract_choice`, `answers_equivalent` (math-verify under a wall-clock limit, in a
                  child process) and `OutcomeVerifier` (0 / 1 score and a reason).
+records.py       judged rollouts on disk (JSONL): what a run saves (`RecordingJudge`) and judge-agreement reads.
+agreement.py     `rubric-jax judge-agreement`'s statistics (kappa, correlations, self-consistency, position and length
+                 probes) and report; imported as `rubric_jax.judges.agreement` (it loads scikit-learn and scipy).
 """
 
 from rubric_jax.judges.base import Judge, JudgeRequest, RolloutVerdict, Verdicts
@@ -44,6 +47,13 @@ from rubric_jax.judges.programmatic import (
     registered_check,
     step_at,
 )
+from rubric_jax.judges.records import (
+    JudgedRollout,
+    RecordingJudge,
+    read_judged_rollouts,
+    verdict_rows,
+    write_judged_rollouts,
+)
 
 __all__ = [
     "Attributed",
@@ -53,11 +63,13 @@ __all__ = [
     "CriterionLLMJudge",
     "Judge",
     "JudgeRequest",
+    "JudgedRollout",
     "LLMMetaVerifier",
     "MetaVerifyRequest",
     "OutcomeVerdict",
     "OutcomeVerifier",
     "ProgrammaticJudge",
+    "RecordingJudge",
     "RegexCheck",
     "RolloutFormat",
     "RolloutLLMJudge",
@@ -70,9 +82,12 @@ __all__ = [
     "grounded_format",
     "healthbench_format",
     "rating_format",
+    "read_judged_rollouts",
     "register_check",
     "registered_check",
     "rlcer_verifier_format",
     "srar_format",
     "step_at",
+    "verdict_rows",
+    "write_judged_rollouts",
 ]

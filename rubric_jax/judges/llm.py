@@ -71,9 +71,22 @@ class ChatSettings:
             raise ValueError(f"ChatSettings.max_tokens must be an int >= 1, got {self.max_tokens!r}")
 
 
-def chat_content(body: Any) -> str:
-    """The assistant text of an OpenAI chat-completion body (`choices[0].message.content`); MalformedResponse
-    (which the client retries) for any other shape."""
+@dataclasses.dataclass(frozen=True)
+class ChatReply:
+    """The assistant's text and why it ended: OpenAI's `finish_reason` ("stop", "length" when max_tokens cut
+    it, ...; None when the server gives none)."""
+
+    text: str
+    finish_reason: Optional[str] = None
+
+    @property
+    def truncated(self) -> bool:
+        return self.finish_reason == "length"
+
+
+def chat_reply(body: Any) -> ChatReply:
+    """The reply of an OpenAI chat-completion body (`choices[0].message.content`, `choices[0].finish_reason`);
+    MalformedResponse (which the client retries) for any other shape."""
     if not isinstance(body, dict):
         raise MalformedResponse(f"expected a JSON object, got {type(body).__name__}")
     choices = body.get("choices")
@@ -83,7 +96,13 @@ def chat_content(body: Any) -> str:
     content = message.get("content") if isinstance(message, dict) else None
     if not isinstance(content, str):
         raise MalformedResponse("choices[0].message.content is not a string")
-    return content
+    finish_reason = choices[0].get("finish_reason")
+    return ChatReply(content, finish_reason if isinstance(finish_reason, str) else None)
+
+
+def chat_content(body: Any) -> str:
+    """The assistant text of an OpenAI chat-completion body (`chat_reply`'s text)."""
+    return chat_reply(body).text
 
 
 class ChatClient:
@@ -95,15 +114,16 @@ class ChatClient:
         self.schemas_accepted = settings.json_schema
         self.schema_rejections = 0
 
-    def _payload(self, messages: Messages, schema: Optional[Mapping[str, Any]]) -> dict:
+    def _payload(self, messages: Messages, schema: Optional[Mapping[str, Any]], seed: Optional[int] = None) -> dict:
         payload = {
             "model": self.settings.model,
             "messages": list(messages),
             "temperature": self.settings.temperature,
             "max_tokens": self.settings.max_tokens,
         }
-        if self.settings.seed is not None:
-            payload["seed"] = self.settings.seed
+        seed = self.settings.seed if seed is None else seed
+        if seed is not None:
+            payload["seed"] = seed
         if schema is not None:
             payload["response_format"] = {
                 "type": "json_schema",
@@ -114,20 +134,26 @@ class ChatClient:
     async def complete(self, messages: Messages, schema: Optional[Mapping[str, Any]] = None) -> str:
         """The answer to `messages`, constrained by `schema` while the server accepts schemas (module
         docstring). RequestFailed when the request does not succeed."""
+        return (await self.reply(messages, schema)).text
+
+    async def reply(self, messages: Messages, schema: Optional[Mapping[str, Any]] = None,
+                    seed: Optional[int] = None) -> ChatReply:
+        """`complete`'s answer with its finish reason; `seed` replaces the settings' seed for this call (a
+        retried generation asks for another sample)."""
         if schema is None or not self.schemas_accepted:
-            return await self.http.post_json(CHAT_PATH, self._payload(messages, None), chat_content)
+            return await self.http.post_json(CHAT_PATH, self._payload(messages, None, seed), chat_reply)
         try:
-            return await self.http.post_json(CHAT_PATH, self._payload(messages, schema), chat_content)
+            return await self.http.post_json(CHAT_PATH, self._payload(messages, schema, seed), chat_reply)
         except RequestFailed as error:
             if error.status is None or not 400 <= error.status < 500:
                 raise
         # A 4xx may be the schema's fault or the request's: schemas are switched off only if the same request
         # without one succeeds.
-        text = await self.http.post_json(CHAT_PATH, self._payload(messages, None), chat_content)
+        answer = await self.http.post_json(CHAT_PATH, self._payload(messages, None, seed), chat_reply)
         if self.schemas_accepted:
             self.schemas_accepted = False
             self.schema_rejections += 1
-        return text
+        return answer
 
 
 @dataclasses.dataclass(frozen=True)

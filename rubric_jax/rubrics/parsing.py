@@ -735,6 +735,42 @@ def _rgr_weight(token: str, where: str) -> float:
     return weight
 
 
+# ---------------------------------------------------------------- structured outputs (pydantic models)
+
+
+@dataclasses.dataclass(frozen=True)
+class StructuredParse:
+    """A pydantic model instance read from one model output: `value` (None when not ok), ok / reason / detail as
+    ParseResult."""
+
+    value: Optional[Any]
+    ok: bool
+    reason: str = ""
+    detail: str = ""
+
+
+def _pydantic_detail(error: Any) -> str:
+    """The first errors of a pydantic ValidationError, one line: "criteria.2.weight: Input should be ..."."""
+    parts = [f"{'.'.join(str(p) for p in e['loc']) or '(root)'}: {e['msg']}" for e in error.errors()[:3]]
+    more = error.error_count() - len(parts)
+    return "; ".join(parts) + (f" (and {more} more)" if more > 0 else "")
+
+
+def parse_structured(text: str, model: type) -> StructuredParse:
+    """The first JSON object of `text` (module docstring's rules) validated by the pydantic model class `model`.
+    The model's own constraints are the schema: a violation is the failure "schema" naming the field; the JSON
+    reading's failures keep their reasons ("no_json", "duplicate_key", "non_finite", ...)."""
+    import pydantic  # noqa: PLC0415  (only the synthesis pipelines read structured outputs)
+
+    def body(answer: str) -> StructuredParse:
+        try:
+            return StructuredParse(value=model.model_validate(_find_json(answer, dict)), ok=True)
+        except pydantic.ValidationError as error:
+            raise _Invalid("schema", _pydantic_detail(error)) from None
+
+    return _guard(body, text, lambda reason, detail: StructuredParse(None, False, reason, detail))
+
+
 # ---------------------------------------------------------------- JSON schemas of the judge outputs
 # For servers with JSON-schema-constrained decoding (SGLang's `response_format` of type json_schema). A
 # conforming output always parses; the parsers stay the check, since not every server enforces the schema.

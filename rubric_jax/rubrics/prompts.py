@@ -18,6 +18,12 @@ format characters): it becomes "&lt;". The text therefore cannot close its fence
 structure is its fences, and the text outside them is ours. Rare false positive, accepted: "x < response"
 becomes "x &lt; response".
 
+The rubric synthesis prompts (the last section) are ours: the rubric-grounded paper describes its three stages
+and their constraints (rubric_grounded_rl.txt, section 3.4; output schema in Appendix E) but prints no prompt, and
+RaR's rubric generation is written from its released data (ScaleAI/RaR-Medicine: title, description opening with
+the category, integer weight). Each asks for one JSON object, the shape of a pydantic model of
+`rubric_jax.rubrics.synthesis`, whose JSON schema the pipeline also sends as the response format.
+
 The RGR-GRPO paper gives its prompts (rgr_grpo.txt, Appendix E.1-E.3) only as figures, absent from its text;
 `criterion_judge_prompt`, `rgr_rubric_generation_prompt` and `self_refinement_prompt` are ours, written from its
 sections 2.2, 2.3 and 5.2, with the judge output `{"rating": 0|1}` of REFERENCE.md section 2. EvoRubric gives the
@@ -55,6 +61,9 @@ FENCE_TAGS = frozenset(
         "existing_rubrics",
         "target_rubric",
         "failed_criteria",
+        "document",
+        "document_analysis",
+        "passage",
     }
 )
 _TAG_NAMES = "|".join(sorted(FENCE_TAGS, key=len, reverse=True))
@@ -648,6 +657,16 @@ def rgr_rubric_generation_prompt(question: str, reference_answer: str) -> Messag
     criteria with weights, grounded in a reference answer. Text ours. The output format, one criterion a line
     "[Factual] (weight: w) ..." / "[Process] (weight: w) ...", is parsed by `parsing.parse_rgr_criteria`."""
     return _user(
+        _rgr_rubric_task(question, reference_answer) +
+        "Output one criterion per line, in exactly this form, and nothing else:\n"
+        "[Factual] (weight: <integer from 1 to 10>) <criterion>\n"
+        "[Process] (weight: <integer from 1 to 10>) <criterion>\n" + FENCE_NOTE
+    )
+
+
+def _rgr_rubric_task(question: str, reference_answer: str) -> str:
+    """The task of RGR-GRPO's rubric generation, whatever the output format."""
+    return (
         "You are an expert examiner. Write a grading rubric for the question below, grounded in the reference "
         "answer, which contains a correct and complete solution.\n"
         f"Question:\n{fence(_check_str(question, 'question'), 'question')}\n"
@@ -659,9 +678,6 @@ def rgr_rubric_generation_prompt(question: str, reference_answer: str) -> Messag
         "Each criterion must be checkable as satisfied or not satisfied from a response alone, without the "
         "reference answer. Give each criterion a weight, an integer from 1 to 10, reflecting its relative "
         "importance.\n"
-        "Output one criterion per line, in exactly this form, and nothing else:\n"
-        "[Factual] (weight: <integer from 1 to 10>) <criterion>\n"
-        "[Process] (weight: <integer from 1 to 10>) <criterion>\n" + FENCE_NOTE
     )
 
 
@@ -830,3 +846,131 @@ def meta_verifier_prompt(
         f"Target Rubric:\n{fence(_json_lines(_points_rows([target])), 'target_rubric')}\n" + FENCE_NOTE
     )
     return _system_user(_META_VERIFIER_SYSTEM[domain], user)
+
+
+# ---------------------------------------------------------------- rubric synthesis (data pipelines)
+
+_JSON_ONLY = "Answer with exactly one JSON object of this shape and nothing else:\n"
+
+
+def document_analysis_prompt(document: str) -> Messages:
+    """Stage 1 of the rubric-grounded pipeline (rubric_grounded_rl.txt, section 3.4, "Semantic analysis"): the
+    document's genre, primary contribution, central concepts, technical depth and dominant reasoning mode, the
+    `document_analysis` of Appendix E. Text ours."""
+    return _user(
+        "You prepare scientific and technical documents for writing exam questions. Read the document below and "
+        "describe it: its genre (e.g. research article, technical report, review), its primary contribution, its "
+        "central concepts, its technical depth (the background a reader needs), and its dominant reasoning mode "
+        "(e.g. causal, quantitative, comparative, procedural).\n"
+        f"Document:\n{fence(_check_str(document, 'document'), 'document')}\n" + _JSON_ONLY +
+        '{"genre": "<genre>", "contribution": "<one or two sentences>", "concepts": ["<concept>", ...], '
+        '"depth": "<technical depth>", "reasoning_mode": "<reasoning mode>"}\n' + FENCE_NOTE
+    )
+
+
+def question_rubric_synthesis_prompt(document: str, analysis: Mapping, *, num_questions: int, min_criteria: int,
+                                     max_criteria: int) -> Messages:
+    """Stage 2 of the rubric-grounded pipeline (rubric_grounded_rl.txt, section 3.4, "Joint question-rubric
+    synthesis", Definition 1, Appendix E): conditioned on the document and its stage-1 analysis, up to
+    `num_questions` tuples (question, grounding passage, rubric) under the paper's four constraints:
+    self-contained without the source, deep understanding rather than surface recall, all five components of
+    Definition 1 in every criterion (weight, description, required elements, expected keywords, verification
+    method; Appendix E adds a name and a scoring guide), weights reflecting each criterion's contribution. Text
+    ours."""
+    for name, value in (("num_questions", num_questions), ("min_criteria", min_criteria),
+                        ("max_criteria", max_criteria)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    if min_criteria > max_criteria:
+        raise ValueError(f"min_criteria ({min_criteria}) must be <= max_criteria ({max_criteria})")
+    return _user(
+        "You write exam questions with grading rubrics from a scientific or technical document. A student will "
+        "answer each question without the document; a grader will score the answer with the rubric and the "
+        "grounding passage.\n"
+        f"Document:\n{fence(_check_str(document, 'document'), 'document')}\n"
+        f"Analysis of the document:\n{fence(json.dumps(dict(analysis), ensure_ascii=False), 'document_analysis')}\n"
+        f"Write up to {num_questions} questions. For each, give:\n"
+        "- question: self-contained (no reference to 'the document', 'the study' or 'the passage'), testing deep "
+        "understanding (mechanisms, reasons, trade-offs, implications) rather than surface recall;\n"
+        "- passage: the excerpt of the document, copied verbatim, that grounds the answer;\n"
+        "- question_rationale: why the question tests understanding;\n"
+        f"- criteria: {min_criteria} to {max_criteria} grading criteria, each self-contained and checkable in an "
+        "answer, with all of: name (a short title), description (what a good answer does), weight (a "
+        "non-negative number reflecting the criterion's contribution to the answer's overall quality), "
+        "required_elements (the elements an answer must contain), expected_keywords (terms a good answer uses), "
+        "verification_method (how a grader checks the criterion against the passage), scoring_guide (full, "
+        "partial and no credit).\n" + _JSON_ONLY +
+        '{"items": [{"question": "...", "passage": "...", "question_rationale": "...", "criteria": [{"name": "...", '
+        '"description": "...", "weight": 3, "required_elements": ["..."], "expected_keywords": ["..."], '
+        '"verification_method": "...", "scoring_guide": "..."}, ...]}, ...]}\n' + FENCE_NOTE
+    )
+
+
+def rubric_enrichment_prompt(question: str, passage: str, criteria: Sequence[Mapping]) -> Messages:
+    """Stage 3 of the rubric-grounded pipeline (rubric_grounded_rl.txt, section 3.4, "Rubric enrichment"): each
+    criterion (by id "c_1", ...) augmented with expected terminology (`expected_keywords`), core concepts
+    (`expected_concepts`) and a verification pattern (`verification_method`), "to improve inter-rater
+    consistency". Text ours."""
+    rows = [{"id": f"c_{k + 1}", **dict(c)} for k, c in enumerate(criteria)]
+    if not rows:
+        raise ValueError("criteria must not be empty")
+    return _user(
+        "You refine grading criteria so that different graders apply them the same way. For each criterion of the "
+        "question below, give the terminology a correct answer is expected to use, the core concepts it must "
+        "show, and a precise verification pattern: what to look for in an answer, checked against the passage.\n"
+        f"Question:\n{fence(_check_str(question, 'question'), 'question')}\n"
+        f"Grounding passage:\n{fence(_check_str(passage, 'passage'), 'passage')}\n"
+        f"Criteria, one JSON object a line:\n{fence(_json_lines(rows), 'criteria')}\n"
+        "Give one entry per criterion, with its id.\n" + _JSON_ONLY +
+        '{"criteria": [{"id": "c_1", "expected_keywords": ["..."], "expected_concepts": ["..."], '
+        '"verification_method": "..."}, ...]}\n' + FENCE_NOTE
+    )
+
+
+def reference_answer_prompt(question: str) -> Messages:
+    r"""RGR-GRPO's reference answer (rgr_grpo.txt, section 2.2): "a comprehensive solution, including detailed
+    reasoning traces and intermediate verification outcomes", the final answer in oxed{} (the answer the
+    correctness filter reads; a letter for multiple choice). `question` is the policy's prompt text, options
+    and instruction included. Text ours."""
+    return _user(
+        "Write a reference solution to the question below: a comprehensive solution with detailed reasoning, "
+        "verifying each intermediate result as you go. End with the final answer within \\boxed{}.\n"
+        f"Question:\n{fence(_check_str(question, 'question'), 'question')}\n" + FENCE_NOTE
+    )
+
+
+def rgr_rubric_synthesis_prompt(question: str, reference_answer: str) -> Messages:
+    """RGR-GRPO's rubric generation (`rgr_rubric_generation_prompt`'s task) asking for JSON, for the synthesis
+    pipeline, whose output `rubrics.synthesis.RGRRubricOutput` validates."""
+    return _user(
+        _rgr_rubric_task(question, reference_answer) + _JSON_ONLY +
+        '{"criteria": [{"type": "factual" or "process", "weight": <integer from 1 to 10>, "description": '
+        '"<criterion>"}, ...]}\n' + FENCE_NOTE
+    )
+
+
+def rar_rubric_generation_prompt(question: str, reference_answer: str, *, min_items: int = 7,
+                                 max_items: int = 20) -> Messages:
+    """Rubrics as Rewards' rubric generation from a reference answer (Gunjal et al. 2025): `min_items` to
+    `max_items` self-contained checklist items, each a short title, a description opening with its category, and
+    an integer weight by category: Essential 5, Important 3-4, Optional 1-2, Pitfall -1 or -2 (the layout and
+    weights of the released RaR-Medicine and RaR-Science). Text ours."""
+    if not 1 <= min_items <= max_items:
+        raise ValueError(f"need 1 <= min_items <= max_items, got {min_items}, {max_items}")
+    return _user(
+        "You write grading rubrics for open-ended questions. Using the reference answer as the standard of a "
+        f"complete, correct answer, write {min_items} to {max_items} checklist items for grading a response to the "
+        "question. Each item is self-contained (it makes sense without the reference answer) and checks one "
+        "thing. Categories and weights:\n"
+        "- Essential Criteria (weight 5): what a correct answer must contain;\n"
+        "- Important Criteria (weight 3 or 4): significant supporting points;\n"
+        "- Optional Criteria (weight 1 or 2): helpful extras;\n"
+        "- Pitfall Criteria (weight -1 or -2): common mistakes, phrased as what a response must not do or "
+        "state.\n"
+        "Each item has a title of 2 to 4 words, a description that opens with its category (e.g. \"Essential "
+        "Criteria: Identifies ...\"), and its weight.\n"
+        f"Question:\n{fence(_check_str(question, 'question'), 'question')}\n"
+        f"Reference Answer:\n{fence(_check_str(reference_answer, 'reference_answer'), 'reference')}\n"
+        + _JSON_ONLY +
+        '{"rubric": [{"title": "...", "description": "Essential Criteria: ...", "weight": 5}, ...]}\n' + FENCE_NOTE
+    )

@@ -13,19 +13,25 @@
      optimizer. The critic is never synced anywhere; it is checkpointed with the policy.
   5. weight sync to the engine (version "step-<n>"); a recipe's frozen engine (`make_frozen_engine`, the initial
      policy for a role that is not trained) is never synced
-  6. metrics (metrics.jsonl, TensorBoard, console) and, every `checkpoint.every_steps` and at the end, an orbax
+  6. every `rollout_log.every_steps`, the step's judged rollouts (every request the recipe sent the judge in step
+     2, with its verdict; not the evaluation's) in rollouts/step_<n>.jsonl (`judges.records`, `RolloutLogConfig`);
+     metrics (metrics.jsonl, TensorBoard, console) and, every `checkpoint.every_steps` and at the end, an orbax
      checkpoint of params, optimizer state, reference, data position, algorithm state and the step's metrics
 
 Resume: with `checkpoint.resume` a run continues from its output directory's latest committed checkpoint. All
 randomness is a function of (seed, step): sampling seeds (`algorithms.base.sample_groups`), the update order,
 the task's stream (by position), so a resumed run produces what the uninterrupted one would have; the
 checkpoint records the seed and refuses to resume a run with a different one. Step numbers count completed
-steps: the metrics line and the checkpoint of step n describe the state after n steps.
+steps: the metrics line and the checkpoint of step n describe the state after n steps, and rollouts/step_<n>.jsonl
+what was judged during step n (sampled by the policy after n - 1 steps). A rollout file is written before its
+step's checkpoint, and resuming from step k deletes those of steps after k (as the metrics log drops their lines),
+so the steps a resumed run re-runs write theirs again and every file describes the run's one history.
 """
 
 import contextlib
 import dataclasses
 import os
+import re
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -41,6 +47,7 @@ from rubric_jax.inference.engine import RolloutEngine, SamplingParams
 from rubric_jax.inference.http import JsonHttpClient, RetryPolicy
 from rubric_jax.judges import llm
 from rubric_jax.judges.base import Judge
+from rubric_jax.judges.records import RecordingJudge, write_judged_rollouts
 from rubric_jax.core import value as core_value
 from rubric_jax.core.advantages import whiten_tokens
 from rubric_jax.models import sharding, train_step
@@ -62,6 +69,24 @@ RL_PLOTS = {
     "time": ("time/generation", "time/judging", "time/logprobs", "time/update", "time/sync", "time/checkpoint"),
     "critic": ("critic/loss", "critic/explained_variance", "critic/clip_fraction"),
 }
+
+
+ROLLOUT_LOG_DIR = "rollouts"
+_ROLLOUT_LOG_NAME = re.compile(r"step_(\d+)\.jsonl")
+
+
+def rollout_log_path(out: Path, step: int) -> Path:
+    """The file of step `step`'s judged rollouts in the run directory `out` (`RolloutLogConfig`)."""
+    return out / ROLLOUT_LOG_DIR / f"step_{step:06d}.jsonl"
+
+
+def drop_rollout_logs_after(out: Path, step: int) -> None:
+    """Deletes the rollout files of the steps after `step` in the run directory `out`: a run resumed from step
+    `step` abandons them (module docstring)."""
+    for path in (out / ROLLOUT_LOG_DIR).glob("step_*.jsonl"):
+        match = _ROLLOUT_LOG_NAME.fullmatch(path.name)
+        if match and int(match.group(1)) > step:
+            path.unlink()
 
 
 def make_engine(config: RLConfig, model, tokenizer, version: str) -> RolloutEngine:
@@ -271,8 +296,8 @@ def train_rl(config: RLConfig, task: Any, *, judge=None, model=None, tokenizer=N
     `config.judge`'s (`make_judge`: the task's own, or an LLM judge over HTTP, closed at the end), the model and
     tokenizer to `policy.build_policy(config.model)`; an LLM meta-verifier (`make_meta_verifier`, meta_verifier
     kind llm) reaches the recipe in its context and is closed at the end. Returns the last step's metrics. Writes
-    config.yaml, metrics.jsonl, tensorboard/, checkpoints/, plots/ and the final policy as a Hugging Face directory
-    model/ under output_dir."""
+    config.yaml, metrics.jsonl, tensorboard/, checkpoints/, plots/, the final policy as a Hugging Face directory
+    model/ and, with `rollout_log.every_steps`, the judged rollouts rollouts/step_<n>.jsonl under output_dir."""
     algorithm_config, config = resolve_algorithm(config)
     check_rubric_width(algorithm_config, task)
     algorithm = algorithm_class(config.algorithm.name)(algorithm_config)
@@ -308,6 +333,7 @@ def train_rl(config: RLConfig, task: Any, *, judge=None, model=None, tokenizer=N
     start, position = (meta["step"], meta["data_position"]) if meta else (0, 0)
     if meta:
         algorithm.load_state_dict(meta["algorithm_state"])
+        drop_rollout_logs_after(out, start)
 
     engine = make_engine(config, nnx.merge(graphdef, policy.copy_params(state.params)), tokenizer, f"step-{start}")
     frozen_engine = (make_frozen_engine(config, nnx.merge(graphdef, initial_params), tokenizer)
@@ -315,8 +341,9 @@ def train_rl(config: RLConfig, task: Any, *, judge=None, model=None, tokenizer=N
     initial_params = None  # the embedded frozen engine holds its own reference; a frozen server has them on disk
     _, pad_id = policy.eos_and_pad(tokenizer)
     timer = PhaseTimer()
+    recorder = RecordingJudge(judge)  # the recipe's judge; evaluation and the request counts use `judge` itself
     context = RolloutContext(
-        engine=engine, tokenizer=tokenizer, task=task, judge=judge, pad_id=pad_id, seed=config.seed, timer=timer,
+        engine=engine, tokenizer=tokenizer, task=task, judge=recorder, pad_id=pad_id, seed=config.seed, timer=timer,
         sampling=SamplingParams(max_new_tokens=rollout.max_new_tokens, n=rollout.group_size,
                                 temperature=rollout.temperature, top_p=rollout.top_p, top_k=rollout.top_k),
         chat_template_kwargs=config.model.chat_template_kwargs,
@@ -344,7 +371,10 @@ def train_rl(config: RLConfig, task: Any, *, judge=None, model=None, tokenizer=N
             timer.reset()
             context.prompt_metrics.clear()
             step_started = time.monotonic()
+            log_every = config.rollout_log.every_steps
+            logs_rollouts = recorder.recording = bool(log_every) and (step + 1) % log_every == 0
             experience = algorithm.experience(dataset.next_batch(rollout.prompts_per_step), context, step)
+            recorder.recording = False
             batch, width = experience.batch, experience.prompt_width
             learner_config = config.learner
             batch = pad_rows(batch, learner_config.mini_batches * learner_config.micro_batches
@@ -377,6 +407,10 @@ def train_rl(config: RLConfig, task: Any, *, judge=None, model=None, tokenizer=N
                                           meta_verifier_requests_seen),
                        **_request_metrics("engine", engine.http_stats(), engine_requests_seen),
                        "train/learning_rate": float(schedule((step + 1) * updates_per_step - 1))}
+            if logs_rollouts:
+                records = recorder.take(step + 1)
+                write_judged_rollouts(rollout_log_path(out, step + 1), records)
+                metrics["rollout_log/records"] = len(records)
             if config.eval.every_steps and (step + 1) % config.eval.every_steps == 0:
                 with timer.phase("eval"):
                     metrics.update(evaluate(engine, tokenizer, task, judge, eval_examples, config.eval,

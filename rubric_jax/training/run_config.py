@@ -225,6 +225,22 @@ class EvalConfig:
         _require(self.every_steps >= 0, f"every_steps must be >= 0, got {self.every_steps}")
 
 
+@dataclasses.dataclass(frozen=True)
+class RolloutLogConfig:
+    """Rollouts saved with their verdicts, for judge agreement (`rubric-jax judge-agreement`) and later analysis:
+    every `every_steps` RL steps (0: never), the step's judge calls as JSONL (`judges.records`: one request and
+    its verdict a line, ids "step-<n>/<i>" in judging order) in output_dir/rollouts/step_<n>.jsonl, n the step
+    as in metrics.jsonl (step n: the rollouts sampled by the policy after n - 1 updates, whose rewards step n's
+    update trained on), zero-padded to 6 digits. Whatever the recipe sends the judge in that step is saved
+    (policy rollouts, refined responses); the step's evaluation is not. Each file is written atomically before
+    the step's checkpoint, so a resumed run rewrites the files of the steps it re-runs."""
+
+    every_steps: int = 0
+
+    def __post_init__(self):
+        _require(self.every_steps >= 0, f"every_steps must be >= 0 (0: off), got {self.every_steps}")
+
+
 def _check_chat_role(config: Any, section: str) -> None:
     """The checks an LLM role's section shares (`JudgeConfig`, `MetaVerifierConfig`): url and model exactly with
     kind llm, positive counts, a non-negative temperature and a positive timeout."""
@@ -308,6 +324,7 @@ class RLConfig:
     checkpoint: CheckpointConfig = CheckpointConfig()
     metrics: MetricsConfig = MetricsConfig()
     eval: EvalConfig = EvalConfig()
+    rollout_log: RolloutLogConfig = RolloutLogConfig()
 
     def __post_init__(self):
         _require(self.steps >= 1, f"steps must be >= 1, got {self.steps}")

@@ -17,7 +17,8 @@ Endpoints (what SGLang 0.5.23 answers, REFERENCE.md section 3):
 - POST /flush_cache: 200, or 400 while /generate requests run.
 - POST /v1/chat/completions: OpenAI chat shapes, the content from `responder(messages) -> str` (so judge tests
   choose the verdicts); `response_format` of type text, json_object or json_schema (with a `schema` object) is
-  accepted, anything else is a 400; a responder that raises gives a 500. Every request body is kept in
+  accepted, anything else is a 400; a responder that raises gives a 500; a `Truncated` answer is sent with
+  finish_reason "length" (max_tokens cut it), any other with "stop". Every request body is kept in
   `chat_requests`.
 
 Faults (`inject`): a FIFO queue; each request takes the first queued fault whose `path` matches (None matches
@@ -87,6 +88,10 @@ def drop_connection(path: Optional[str] = None) -> Fault:
 
 def malformed(body: bytes = b'{"text": "truncated', path: Optional[str] = None) -> Fault:
     return Fault("malformed", path, body=body)
+
+
+class Truncated(str):
+    """A responder's answer that the stand-in sends as cut off by max_tokens (finish_reason "length")."""
 
 
 def echo_last_message(messages: list[dict[str, Any]]) -> str:
@@ -449,7 +454,8 @@ class StandinServer:
             "choices": [
                 {"index": i, "message": {"role": "assistant", "content": content, "reasoning_content": None,
                                          "tool_calls": None},
-                 "logprobs": None, "finish_reason": "stop", "matched_stop": IM_END_ID}
+                 "logprobs": None, "finish_reason": "length" if isinstance(content, Truncated) else "stop",
+                 "matched_stop": None if isinstance(content, Truncated) else IM_END_ID}
                 for i, content in enumerate(contents)
             ],
             "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from rubric_jax import cli
+from rubric_jax.data.synthesis import SynthesisConfig
 from rubric_jax.data.tasks import build_task
 from rubric_jax.training.run_config import QuickstartConfig, RLConfig, SFTConfig, resolve_algorithm
 from rubric_jax.yaml_config import apply_overrides, config_from_dict, load_config
@@ -26,9 +27,12 @@ def rl_config(*overrides: str) -> RLConfig:
 
 
 def config_kind(name: str) -> type:
-    """configs/ naming: quickstart.yaml, sft_*.yaml (SFT cold starts), every other file an RL run."""
+    """configs/ naming: quickstart.yaml, sft_*.yaml (SFT cold starts), synthesize_*.yaml (rubric synthesis),
+    every other file an RL run."""
     if name == "quickstart.yaml":
         return QuickstartConfig
+    if name.startswith("synthesize_"):
+        return SynthesisConfig
     return SFTConfig if name.startswith("sft_") else RLConfig
 
 
@@ -40,6 +44,10 @@ def test_every_config_file_loads_and_validates():
     for name in names:
         cls = config_kind(name)
         config = load_config(cls, CONFIGS / name)
+        if cls is SynthesisConfig:
+            config.pipeline_params()
+            check_synthesis_input(config)
+            continue
         if cls is RLConfig:
             resolve_algorithm(config)
         task = config.task
@@ -48,6 +56,15 @@ def test_every_config_file_loads_and_validates():
             fixture = str(fixture_path(params["preset"]))
             params.update(path=fixture, **({"eval_path": fixture} if "eval_path" in params else {"eval_size": 1}))
         build_task(task.name, params, task.seed)
+
+
+def check_synthesis_input(config: SynthesisConfig) -> None:
+    """A synthesis config's input (a placeholder path) builds over the fixture of its preset, or, without one, the
+    documents fixture."""
+    params = dict(config.input)
+    preset = params.get("preset")
+    params["path"] = str(fixture_path(preset) if preset else ROOT / "tests/fixtures/synthesis/documents.jsonl")
+    assert len(list(build_task("dataset", params, config.seed).train_records())) >= 2
 
 
 def test_quickstart_yaml_is_the_built_in_quickstart():

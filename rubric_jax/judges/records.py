@@ -1,0 +1,222 @@
+"""Judged rollouts on disk: what a training run saves (`RecordingJudge`, the run's `rollout_log`) and what
+`rubric-jax judge-agreement` reads as its items.
+
+One JSON object a line (`judged_rollout_to_json`):
+
+    {"id": "step-3/7", "step": 3, "question": ..., "response": ...,
+     "rubric": Rubric.to_dict(), "reference": str | null, "num_steps": int | null,
+     "conversation": [{"role", "content"}, ...] | null,
+     "verdict": {"satisfied": [float in [0, 1], one per criterion], "item_step": [int, ...] | null,
+                 "reason": "" | a failure code, "detail": "" | the failure's free text}}
+
+`verdict` is optional (an item written by hand to be judged has none); a failed verdict has `reason` set and no
+scores (`satisfied` empty, `item_step` null). `step` is the training step whose experience the rollout is (1-based,
+as in metrics.jsonl), null outside training. Reading is strict (`judged_rollout_from_json`): unknown keys, wrong
+types, a rubric that does not validate, scores that do not match the rubric's length, a failed verdict with
+scores are ValueErrors naming the file's line, because these files feed statistics, where a silently dropped
+field would bias the result.
+"""
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Optional, Sequence
+
+from rubric_jax.inference.http import ClientStats
+from rubric_jax.judges.base import Judge, JudgeRequest, RolloutVerdict, Verdicts
+from rubric_jax.rubrics.schema import Rubric
+
+_KEYS = ("id", "step", "question", "response", "rubric", "reference", "num_steps", "conversation", "verdict")
+_VERDICT_KEYS = ("satisfied", "item_step", "reason", "detail")
+
+
+@dataclasses.dataclass(frozen=True)
+class JudgedRollout:
+    """A rollout, the request its judge was sent, and the verdict (None: not judged yet). `id` names it among
+    the records read together; `step` is the training step whose experience it is (None outside training)."""
+
+    id: str
+    request: JudgeRequest
+    verdict: Optional[RolloutVerdict] = None
+    step: Optional[int] = None
+
+    def __post_init__(self):
+        if not isinstance(self.id, str) or not self.id:
+            raise ValueError(f"id must be a non-empty str, got {self.id!r}")
+        if not isinstance(self.request, JudgeRequest):
+            raise ValueError(f"request must be a JudgeRequest, got {type(self.request).__name__}")
+        if self.verdict is not None and not isinstance(self.verdict, RolloutVerdict):
+            raise ValueError(f"verdict must be None or a RolloutVerdict, got {type(self.verdict).__name__}")
+        if self.step is not None and not _is_int(self.step):
+            raise ValueError(f"step must be an int or null, got {self.step!r}")
+        if self.verdict is not None and not self.verdict.failed \
+                and len(self.verdict.satisfied) != len(self.request.rubric.criteria):
+            raise ValueError(f"{self.id}: the verdict scores {len(self.verdict.satisfied)} criteria, the rubric has "
+                             f"{len(self.request.rubric.criteria)}")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def verdict_rows(verdicts: Verdicts, requests: Sequence[JudgeRequest]) -> list[RolloutVerdict]:
+    """The per-rollout verdicts of a padded batch, each cut to its request's rubric length."""
+    rows = []
+    for b, request in enumerate(requests):
+        if verdicts.failed_b[b]:
+            rows.append(RolloutVerdict.failure(verdicts.reasons[b], verdicts.details[b]))
+            continue
+        k = len(request.rubric.criteria)
+        steps = verdicts.item_step_bk[b, :k]
+        rows.append(RolloutVerdict(satisfied=tuple(verdicts.satisfied_bk[b, :k].tolist()),
+                                   item_step=None if (steps == -1).all() else tuple(steps.tolist())))
+    return rows
+
+
+def judged_rollout_to_json(record: JudgedRollout) -> dict[str, Any]:
+    request, verdict = record.request, record.verdict
+    return {
+        "id": record.id,
+        "step": record.step,
+        "question": request.question,
+        "response": request.response,
+        "rubric": request.rubric.to_dict(),
+        "reference": request.reference,
+        "num_steps": request.num_steps,
+        "conversation": None if request.conversation is None else [dict(m) for m in request.conversation],
+        "verdict": None if verdict is None else {
+            "satisfied": list(verdict.satisfied),
+            "item_step": None if verdict.item_step is None else list(verdict.item_step),
+            "reason": verdict.reason,
+            "detail": verdict.detail,
+        },
+    }
+
+
+def _verdict_from_json(data: Any) -> Optional[RolloutVerdict]:
+    if data is None:
+        return None
+    if not isinstance(data, Mapping):
+        raise ValueError(f"verdict must be an object or null, got {type(data).__name__}")
+    unknown = sorted(set(data) - set(_VERDICT_KEYS))
+    if unknown:
+        raise ValueError(f"verdict: unknown keys {unknown}; allowed {list(_VERDICT_KEYS)}")
+    satisfied, item_step = data.get("satisfied"), data.get("item_step")
+    if not isinstance(satisfied, list) or not all(
+            isinstance(s, (int, float)) and not isinstance(s, bool) for s in satisfied):
+        raise ValueError(f"verdict.satisfied must be a list of numbers, got {satisfied!r}")
+    if item_step is not None and not (isinstance(item_step, list) and all(_is_int(k) for k in item_step)):
+        raise ValueError(f"verdict.item_step must be a list of ints or null, got {item_step!r}")
+    try:  # RolloutVerdict checks the scores' range, the steps' length and that a failure has neither
+        return RolloutVerdict(satisfied=tuple(satisfied), item_step=item_step, reason=data.get("reason", ""),
+                              detail=data.get("detail", ""))
+    except ValueError as error:
+        raise ValueError(f"verdict: {error}") from None
+
+
+def judged_rollout_from_json(data: Any) -> JudgedRollout:
+    """The inverse of judged_rollout_to_json (module docstring); ValueError naming the field."""
+    if not isinstance(data, Mapping):
+        raise ValueError(f"expected a JSON object, got {type(data).__name__}")
+    unknown = sorted(set(data) - set(_KEYS))
+    if unknown:
+        raise ValueError(f"unknown keys {unknown}; allowed {list(_KEYS)}")
+    for key in ("id", "question", "response", "rubric"):
+        if key not in data:
+            raise ValueError(f"missing key {key!r}")
+    conversation = data.get("conversation")
+    if conversation is not None and not isinstance(conversation, list):
+        raise ValueError(f"conversation must be a list of messages or null, got {type(conversation).__name__}")
+    request = JudgeRequest(question=data["question"], response=data["response"],
+                           rubric=Rubric.from_dict(data["rubric"]), reference=data.get("reference"),
+                           num_steps=data.get("num_steps"),
+                           conversation=None if conversation is None else tuple(conversation))
+    return JudgedRollout(id=data["id"], request=request, verdict=_verdict_from_json(data.get("verdict")),
+                         step=data.get("step"))
+
+
+def jsonl_files(path: str | os.PathLike) -> list[Path]:
+    """`path` itself, or the *.jsonl files of a directory in name order (a run's rollouts/ directory)."""
+    path = Path(path)
+    if path.is_dir():
+        files = sorted(path.glob("*.jsonl"))
+        if not files:
+            raise ValueError(f"{path} holds no .jsonl files")
+        return files
+    if not path.is_file():
+        raise ValueError(f"{path} does not exist")
+    return [path]
+
+
+def read_judged_rollouts(path: str | os.PathLike) -> list[JudgedRollout]:
+    """Every record of a JSONL file or a directory of them (`jsonl_files`); blank lines are skipped. ValueError
+    naming the file and line of a bad record, or a repeated id."""
+    records, seen = [], {}
+    for file in jsonl_files(path):
+        with open(file, encoding="utf-8") as handle:
+            for number, line in enumerate(handle, 1):
+                if not line.strip():
+                    continue
+                where = f"{file}:{number}"
+                try:
+                    record = judged_rollout_from_json(json.loads(line))
+                except ValueError as error:  # json's decode errors included
+                    raise ValueError(f"{where}: {error}") from None
+                if record.id in seen:
+                    raise ValueError(f"{where}: id {record.id!r} repeats {seen[record.id]}")
+                seen[record.id] = where
+                records.append(record)
+    return records
+
+
+def write_judged_rollouts(path: str | os.PathLike, records: Iterable[JudgedRollout]) -> None:
+    """Writes `records` to `path` atomically (a temporary file `<path>.tmp`, which no reader lists, renamed over
+    it), so a killed writer leaves the old file or the new one, never half of one; a write that raises removes
+    its temporary file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(path.name + ".tmp")
+    try:
+        with open(temporary, "w", encoding="utf-8") as handle:
+            for record in records:
+                handle.write(json.dumps(judged_rollout_to_json(record), ensure_ascii=False) + "\n")
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+
+
+class RecordingJudge(Judge):
+    """A judge that passes every call to `inner` and, while `recording`, keeps each request with its verdict
+    (`take()` hands them over and clears them). The training loop wraps its judge in one to save rollouts; it is
+    recipe-blind, so whatever a recipe sends its judge (policy rollouts, refined responses) is what is saved."""
+
+    def __init__(self, inner: Judge):
+        self.inner = inner
+        self.recording = False
+        self._kept: list[tuple[JudgeRequest, RolloutVerdict]] = []
+
+    def _keep(self, requests: Sequence[JudgeRequest], verdicts: Verdicts) -> Verdicts:
+        if self.recording:
+            self._kept.extend(zip(requests, verdict_rows(verdicts, requests)))
+        return verdicts
+
+    def judge(self, requests: Sequence[JudgeRequest], max_items: int) -> Verdicts:
+        return self._keep(requests, self.inner.judge(requests, max_items))
+
+    async def ajudge(self, requests: Sequence[JudgeRequest], max_items: int) -> Verdicts:
+        return self._keep(requests, await self.inner.ajudge(requests, max_items))
+
+    def take(self, step: int) -> list[JudgedRollout]:
+        """The kept rollouts as records of training step `step` (ids "step-<step>/<n>" in judging order)."""
+        kept, self._kept = self._kept, []
+        return [JudgedRollout(id=f"step-{step}/{n}", request=request, verdict=verdict, step=step)
+                for n, (request, verdict) in enumerate(kept)]
+
+    def http_stats(self) -> Optional[ClientStats]:
+        return self.inner.http_stats()
+
+    def close(self) -> None:
+        self.inner.close()
+
