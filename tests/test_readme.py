@@ -1,14 +1,19 @@
-"""README's "Train on your own data" example, as a newcomer would copy it: its JSONL line and its config pass
-`rubric-jax validate` (the model replaced by a random one and the path by the copied rows, since neither the
-checkpoint nor the data is in the repository)."""
+"""README's examples, as a newcomer would copy them: "Train on your own data" (its JSONL line and its config pass
+`rubric-jax validate`, the model replaced by a random one and the path by the copied rows, since neither the
+checkpoint nor the data is in the repository), and the synthesis -> train -> eval path, whose commands must
+connect (each reads what the one before writes)."""
 
 import re
 import shlex
 from pathlib import Path
 
 from rubric_jax import cli
+from rubric_jax.data.synthesis import SynthesisConfig, plan_synthesis
+from rubric_jax.training.run_config import RLConfig
+from rubric_jax.yaml_config import load_config
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
 
 
 def section_blocks(title: str) -> dict[str, list[str]]:
@@ -42,3 +47,27 @@ def test_the_own_data_eval_commands_parse():
     for command in commands:
         args = cli.build_parser().parse_args(command[1:])
         assert command[0] == "rubric-jax" and args.command == "eval" and args.dataset in ("aime25", "healthbench")
+
+
+def test_the_synthesis_path_commands_parse_and_connect(tmp_path):
+    """README's "Synthesize rubrics, then train and evaluate": every command parses, the synthesis writes where the
+    paper config reads, and the synthesize command, with the fixture documents and a stand-in generator, plans."""
+    [commands_text] = section_blocks("Synthesize rubrics, then train and evaluate")["bash"]
+    commands = [shlex.split(line) for line in commands_text.replace("\\\n", " ").splitlines() if line.strip()]
+    parsed = [cli.build_parser().parse_args(command[1:]) for command in commands]
+    assert [command[0] for command in commands] == ["rubric-jax"] * 4
+    assert [args.command for args in parsed] == ["synthesize", "train", "eval", "judge-agreement"]
+    synthesize, train, evaluate, agreement = parsed
+
+    overrides = dict(item.split("=", 1) for item in synthesize.overrides)
+    run = load_config(RLConfig, ROOT / train.config, train.overrides)
+    assert run.task.params["path"] == f"{overrides['output_dir']}/train.jsonl"
+    assert run.task.params["eval_path"] == f"{overrides['output_dir']}/validation.jsonl"
+    assert run.rollout_log.every_steps > 0
+    assert evaluate.model == f"{run.output_dir}/model"
+    assert evaluate.data_path == f"{overrides['output_dir']}/test.jsonl" and evaluate.dataset == "rubric_grounded"
+    assert agreement.items == f"{run.output_dir}/rollouts"
+
+    config = load_config(SynthesisConfig, ROOT / synthesize.config, [
+        *synthesize.overrides, f"output_dir={tmp_path}", f"input.path={ROOT / 'tests/fixtures/synthesis/documents.jsonl'}"])
+    assert len(plan_synthesis(config).sources) == 5
