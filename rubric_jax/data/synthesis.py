@@ -593,7 +593,12 @@ async def _run(config: SynthesisConfig, params: Any, task: Any, pending: Sequenc
 
     pipeline = PIPELINES[config.pipeline]
     limit = asyncio.Semaphore(config.max_concurrent_sources)
-    discarded = collections.Counter()
+    retried, discarded = collections.Counter(), collections.Counter()
+
+    def advance() -> None:
+        bar.update(1)
+        bar.set_postfix(records=counts.records, retried=sum(retried.values()), discarded=sum(discarded.values()),
+                        request_failed=counts.request_failed)
 
     async def one(source: Source) -> None:
         async with limit:
@@ -606,17 +611,14 @@ async def _run(config: SynthesisConfig, params: Any, task: Any, pending: Sequenc
                 records = []
             except RequestFailed:
                 counts.request_failed += 1
-                bar.update(1)
-                bar.set_postfix(records=counts.records, discarded=sum(discarded.values()),
-                                request_failed=counts.request_failed)
+                advance()
                 return
             store.commit(source.hash, split_of(source.hash, config.splits), records, tally)
             counts.finished += 1
             counts.records += len(records)
+            retried.update(tally.failures)
             discarded.update(tally.discards)
-            bar.update(1)
-            bar.set_postfix(records=counts.records, discarded=sum(discarded.values()),
-                            request_failed=counts.request_failed)
+            advance()
 
     with tqdm(total=len(pending), unit="source", desc=f"synthesize {config.pipeline}", disable=not progress,
               dynamic_ncols=True) as bar:

@@ -36,8 +36,9 @@ def command(out: Path, documents: Path, url: str) -> list[str]:
 
 
 def index_lines(out: Path) -> int:
+    """The complete lines of the index (a kill may tear the last one, which the resumed run drops)."""
     path = out / synthesis.INDEX_FILE
-    return len(path.read_text().splitlines()) if path.exists() else 0
+    return sum(line.endswith("\n") for line in path.read_text().splitlines(keepends=True)) if path.exists() else 0
 
 
 def split_lines(out: Path) -> dict[str, list[str]]:

@@ -8,12 +8,16 @@ the rollout with its parser's reason (or, per criterion, score that criterion 0)
 Each test predicts its verdicts exactly: a first client asks the server the judge's own questions (greedy
 decoding answers them the same again) and the format's parser reads the answers.
 
+The synthesis pipelines meet the same server once: every answer cut by max_tokens is read from the server's own
+finish_reason, retried, then discarded and counted.
+
 Few requests of at most MAX_TOKENS generated tokens keep the module to seconds after the server's start.
 """
 
 import collections
 import contextlib
 import socket
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -32,12 +36,16 @@ from rubric_jax.judges.llm import (
     rlcer_verifier_format,
     srar_format,
 )
-from rubric_jax.rubrics import parsing
+from rubric_jax.data import synthesis
+from rubric_jax.rubrics import parsing, prompts
+from rubric_jax.rubrics import synthesis as schemas
 from rubric_jax.rubrics.schema import Criterion, ItemKind, Rubric
+from rubric_jax.yaml_config import load_config
 from tests.judges import real_server
 from tests.judges.test_llm import srar_request
 
 transformers_server = real_server.transformers_server  # the fixture this module uses
+REPO = Path(__file__).resolve().parents[2]
 
 MAX_TOKENS = 8
 # One retry at most: the exact stats below would show any retry a test does not expect. The server generates one
@@ -191,3 +199,28 @@ def test_answers_later_than_the_timeout_are_retried_then_counted_and_the_server_
     assert judge.http_stats() == ClientStats(requests=1, attempts=2, retries=1, failures=1,
                                              errors_by_reason=collections.Counter({"timeout": 2}))
     assert isinstance(ask(make_chat(), MESSAGES), str)
+
+
+def test_synthesis_discards_and_counts_what_a_real_server_answers(make_chat, transformers_server, tmp_path):
+    """`rubric-jax synthesize`'s RaR pipeline on the RaR fixture against the real server, greedy, MAX_TOKENS a
+    answer: the random model writes no rubric, so each question is asked output_attempts = 2 times and discarded,
+    and nothing is written. The reason is predicted by asking the server the same prompt first: "truncated" when
+    the server says max_tokens cut the answer (its finish_reason "length"), else the schema reader's reason."""
+    config = load_config(synthesis.SynthesisConfig, REPO / "configs/synthesize_rar.yaml", [
+        f"output_dir={tmp_path}", f"input.path={REPO / 'tests/fixtures/datasets/rar.jsonl'}",
+        f"generator.url={transformers_server.base_url}", f"generator.model={transformers_server.model}",
+        "generator.temperature=0", f"generator.max_tokens={MAX_TOKENS}", "output_attempts=2",
+        "max_concurrent_sources=1"])
+    plan = synthesis.plan_synthesis(config)
+    chat = make_chat()
+    expected = collections.Counter()
+    for source in plan.sources:
+        record = source.record
+        messages = prompts.rar_rubric_generation_prompt(record.question, record.reference)
+        reply = chat.http.run_sync(chat.reply(messages, schemas.RaRRubricOutput.model_json_schema()))
+        reason = "truncated" if reply.truncated else parsing.parse_structured(reply.text, schemas.RaRRubricOutput).reason
+        expected[f"rubric/{reason}"] += 1
+    summary = synthesis.run_synthesis(plan, progress=False)
+    assert summary["discards"] == dict(expected) and sum(expected.values()) == len(plan.sources) == 2
+    assert summary["stage_failures"] == {key: 2 * n for key, n in expected.items()}
+    assert summary["stage_calls"] == {"rubric": 4} and sum(summary["records"].values()) == 0
