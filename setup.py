@@ -61,7 +61,13 @@ setup(
             "torch==2.13.0",
             # tests/judges/test_real_server.py: the LLM judges against `transformers serve` (its API as of 5.6), on CPU
             "transformers[serving]>=5.6",
+            # tests/training/test_plan.py compiles for TPU topologies on CPU: libtpu adds ~6 s to the install and
+            # ~0.6 s to each process's first `jax.devices()` (docs/scale.md)
+            "jax[tpu]==0.10.2",
         ],
+        # `rubric-jax plan` (ahead-of-time compilation for a TPU topology on any host), and TPU hosts: libtpu at
+        # the jax version the project is tested with
+        "tpu": ["jax[tpu]==0.10.2"],
         # GPU/TPU hosts only: sglang pulls a CUDA build of torch.
         "sglang": ["sglang>=0.5.23"],
     },

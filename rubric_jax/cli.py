@@ -41,6 +41,8 @@ commands:
               can the judge be trusted: agreement (percent, Cohen's kappa, score correlations) of two judges, or a
               judge and human labels, on judged rollouts (a run's saved ones); a judge's self-consistency and its
               sensitivity to the criteria's order and the response's length; a markdown, PNG and JSON report
+  plan        compile a run's learner ahead of time for a TPU topology (e.g. v5p:4x4x4) on any host: HBM per chip,
+              FLOPs, a step-time bound and the MFU ceiling; exits 1 when the step does not fit (docs/scale.md)
 """
 
 
@@ -155,6 +157,14 @@ def build_parser() -> argparse.ArgumentParser:
                                "non-thinking mode)")
     evaluate.add_argument("--output", help="also write the metrics to this JSON file")
     _agreement_command(subparsers)
+    plan = _config_command(subparsers, "plan", "compile an RL config's learner (train step and logprobs) ahead of time "
+                                               "for a TPU topology and report its memory per chip, FLOPs and MFU "
+                                               "ceiling; needs libtpu (pip install -e '.[tpu]'), no TPU")
+    plan.add_argument("--topology", required=True, help="<generation>:<shape>, e.g. v5e:2x2, v4:2x2x1, v5p:4x4x4")
+    plan.add_argument("--model-preset", help="a published architecture (e.g. Qwen3-8B) instead of model.path's "
+                                             "config.json")
+    plan.add_argument("--prompt-tokens", type=_positive_int,
+                      help="prompt width of the step (default: rollout.max_prompt_tokens)")
     parser.commands = subparsers.choices
     return parser
 
@@ -291,6 +301,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "judge-agreement":
         return _judge_agreement(args)
+    if args.command == "plan":
+        return _plan(args)
     try:
         config = _checked_config(args)
         # The synthesis plan holds its input task; every other command's task is checked here, before any model
@@ -510,5 +522,29 @@ def _judge_agreement(args) -> int:
     return 0
 
 
+def _plan(args) -> int:
+    """`rubric-jax plan`: the inputs checked (one line on stderr, status 2, for a problem), the learner compiled
+    and its report printed; status 1 when the step does not fit in the chips' HBM."""
+    from rubric_jax.training import plan  # noqa: PLC0415  (imports the model stack)
+
+    try:
+        config = _load(RLConfig, args.config, args.overrides)
+        prompt_tokens = args.prompt_tokens or config.rollout.max_prompt_tokens
+        if prompt_tokens is None:
+            raise ValueError("the config has no rollout.max_prompt_tokens: give --prompt-tokens")
+        result = plan.plan_learner(config, plan.model_config(config, args.model_preset), args.topology,
+                                   prompt_tokens=prompt_tokens)
+    except (ValueError, OSError) as error:
+        print(f"rubric-jax plan: {_one_line(error)}", file=sys.stderr)
+        return 2
+    print(result.report())
+    if not result.fits:
+        print(f"rubric-jax plan: the learner does not fit in {args.topology}'s HBM: raise learner.micro_batches, "
+              "set model.remat=true, or plan a larger topology", file=sys.stderr)
+        return 1
+    return 0
+
+
 if __name__ == "__main__":
     sys.exit(main())
+

@@ -71,3 +71,15 @@ def test_the_synthesis_path_commands_parse_and_connect(tmp_path):
     config = load_config(SynthesisConfig, ROOT / synthesize.config, [
         *synthesize.overrides, f"output_dir={tmp_path}", f"input.path={ROOT / 'tests/fixtures/synthesis/documents.jsonl'}"])
     assert len(plan_synthesis(config).sources) == 5
+
+
+def test_the_multihost_launch_commands_parse_and_load():
+    """README's "Multi-host": the train command of the TPU pod's ssh and that of the GPU nodes parse, and their
+    configs load with their overrides, meshes of 32 and 16 devices."""
+    [pod, nodes] = section_blocks("Multi-host: TPU pods and multi-node GPU")["bash"]
+    for block, devices in ((pod, 32), (nodes, 16)):
+        text = block.replace("\\\n", " ")
+        command = shlex.split(text[text.index("rubric-jax train"):].strip().rstrip('"'))
+        args = cli.build_parser().parse_args(command[1:])
+        mesh = load_config(RLConfig, args.config, args.overrides).learner.mesh
+        assert mesh.data * mesh.fsdp * mesh.tensor == devices

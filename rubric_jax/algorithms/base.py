@@ -12,8 +12,9 @@ Conventions:
   kept for mismatch diagnostics and corrections) and "advantages_bt"; a recipe may add per-token arrays of its
   own for its loss. Per-token arrays are named "*_bt" ([B, T], ...), per-row arrays anything else ([B], ...).
   The trainer pads the rows to a multiple of its mini-batch split with copies of row 0 whose response mask is
-  off, so a recipe may return any number of rows. The trainer adds "old_logp_bt" and, when the recipe asks for
-  a reference, "ref_logp_bt".
+  off, so a recipe may return any number of rows. The trainer adds "old_logp_bt" (with learner.old_logprobs
+  detached, the loss sees the update's own logprobs, detached, under that name instead) and, when the recipe
+  asks for a reference, "ref_logp_bt".
 - Rows are prompt-major, G consecutive rows per prompt, and row b's group id is b // G.
 - Metrics are flat {name: float} with "/"-separated names: "reward/...", "rubric/<criterion name>",
   "judge/...", "response/...", "advantage/...", "outcome/accuracy".
@@ -72,8 +73,8 @@ class RolloutContext:
     `needs_frozen_engine`). meta_verifier: an LLM auditor of generated criteria (`judges.llm.LLMMetaVerifier`,
     EvoRubric's meta-verifier; the run's `meta_verifier` section), None where the task's own `meta_verify` serves.
     prompt_metrics: what `sample_groups` records about the prompts ("prompt/truncated", summed over the calls;
-    "prompt/length_max", tokens before truncation), shared by every copy of the context (`dataclasses.replace`)
-    and cleared by the trainer at each step."""
+    "prompt/length_max", tokens before truncation), shared by every copy of the context (`dataclasses.replace`);
+    the trainer hands each step's experience a context with a fresh dict (`training.rl.sample_experience`)."""
 
     engine: RolloutEngine
     tokenizer: Any
@@ -155,6 +156,7 @@ class PolicyLossConfig:
       logprobs and the engine's, detached, multiplying each token's policy loss (the KL term is not reweighted)
       (`train_step.with_rollout_correction`): "tis" min(w, tis_cap); "icepop" w inside [is_low, is_high], else 0;
       "seq_mask_tis" a whole sequence zeroed when its geometric-mean w leaves [is_low, is_high]; "none".
+      With `rollout.overlap` the engine's policy is also one update behind the learner's, which w corrects too.
     - `kl_coef` > 0 adds a KL penalty against the frozen initial policy (the trainer then keeps a reference
       copy); `kl_estimator` names a `core.kl` estimator ("abs" is verl's |logp - ref_logp|).
     - `aggregation`: a `core.aggregation` mode; `norm_constant`, required by the two constant-normaliser modes

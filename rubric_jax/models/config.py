@@ -219,3 +219,42 @@ def _read_rope(d: Mapping[str, Any], max_positions: int) -> tuple[float, Optiona
         original_max_position_embeddings=int(rope.get("original_max_position_embeddings", max_positions)),
     )
     return theta, scaling
+
+
+def _qwen3(hidden: int, intermediate: int, layers: int, heads: int, tied: bool) -> ModelConfig:
+    return ModelConfig(model_type="qwen3", vocab_size=151936, hidden_size=hidden, intermediate_size=intermediate,
+                       num_layers=layers, num_heads=heads, num_kv_heads=8, head_dim=128,
+                       max_position_embeddings=40960, rope_theta=1e6, tie_word_embeddings=tied)
+
+
+def _qwen2_5(hidden: int, intermediate: int, layers: int, heads: int, kv_heads: int) -> ModelConfig:
+    # Qwen2.5 is not a supported model_type: its shapes as a Llama-family decoder. Its q/k/v biases (about 0.01%
+    # of the parameters) are left out, so parameter, memory and FLOP counts are those of the real model.
+    return ModelConfig(model_type="llama", vocab_size=152064, hidden_size=hidden, intermediate_size=intermediate,
+                       num_layers=layers, num_heads=heads, num_kv_heads=kv_heads, head_dim=128,
+                       max_position_embeddings=32768, rope_theta=1e6)
+
+
+# The published architectures (their Hugging Face config.json) of the models the papers train, for planning
+# (`rubric-jax plan --model-preset`) without a checkpoint. Token ids are left unset: a plan needs only shapes.
+MODEL_PRESETS: Mapping[str, ModelConfig] = {
+    "Qwen3-0.6B": _qwen3(1024, 3072, 28, 16, tied=True),
+    "Qwen3-1.7B": _qwen3(2048, 6144, 28, 16, tied=True),
+    "Qwen3-4B": _qwen3(2560, 9728, 36, 32, tied=True),
+    "Qwen3-8B": _qwen3(4096, 12288, 36, 32, tied=False),
+    "Qwen3-14B": _qwen3(5120, 17408, 40, 40, tied=False),
+    "Qwen3-32B": _qwen3(5120, 25600, 64, 64, tied=False),
+    "Llama-3.1-8B": ModelConfig(
+        model_type="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32,
+        num_heads=32, num_kv_heads=8, head_dim=128, max_position_embeddings=131072, rms_norm_eps=1e-5,
+        rope_theta=500000.0, rope_scaling=Llama3RopeScaling(8.0, 1.0, 4.0, 8192)),
+    "Qwen2.5-7B": _qwen2_5(3584, 18944, 28, 28, 4),
+    "Qwen2.5-32B": _qwen2_5(5120, 27648, 64, 40, 8),
+}
+
+
+def preset_config(name: str) -> ModelConfig:
+    """The `MODEL_PRESETS` architecture `name`; ValueError naming the presets for an unknown one."""
+    if name not in MODEL_PRESETS:
+        raise ValueError(f"unknown model preset {name!r}; presets: {', '.join(MODEL_PRESETS)}")
+    return MODEL_PRESETS[name]

@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from rubric_jax.models import attention
 from rubric_jax.models.config import ModelConfig
 
 ShardActivations = Callable[[jax.Array, tuple[Optional[str], ...]], jax.Array]
@@ -169,9 +170,10 @@ def causal_query_blocks(length: int) -> list[tuple[int, int]]:
 
 
 class Attention(nnx.Module):
-    """Grouped-query self-attention with RoPE; Qwen3 adds RMSNorm on each query and key head before RoPE."""
+    """Grouped-query self-attention with RoPE; Qwen3 adds RMSNorm on each query and key head before RoPE.
+    `implementation` (`models.attention`) picks the full-sequence kernel; the cached path is always XLA's."""
 
-    def __init__(self, config: ModelConfig, *, dtype, param_dtype, rngs: nnx.Rngs):
+    def __init__(self, config: ModelConfig, *, dtype, param_dtype, rngs: nnx.Rngs, implementation: str = "auto"):
         width, head_dim, bias = config.hidden_size, config.head_dim, config.attention_bias
         dtypes = dict(dtype=dtype, param_dtype=param_dtype)
         self.q_proj = Linear(width, config.num_heads * head_dim, use_bias=bias, rngs=rngs, **dtypes)
@@ -184,6 +186,7 @@ class Attention(nnx.Module):
         else:
             self.q_norm = self.k_norm = None
         self.num_kv_heads, self.head_dim, self.dtype = config.num_kv_heads, head_dim, dtype
+        self.implementation = attention.check_implementation(implementation)
 
     def __call__(
         self,
@@ -215,6 +218,10 @@ class Attention(nnx.Module):
         keys_bnsk, values_bnsk = k_bnsk.astype(self.dtype), v_bnsk.astype(self.dtype)
         if cache_kv is not None:
             out_btngk = self._attend(q_btngk, keys_bnsk, values_bnsk, mask_bts)
+        elif attention.resolve(self.implementation, length) == "splash":
+            # Without a cache S = T, and the last query's row of the causal mask is every row's validity.
+            out_bthk = attention.splash_attention(q_bthk, keys_bnsk, values_bnsk, mask_bts[:, -1, :])
+            out_btngk = out_bthk.reshape(q_btngk.shape)
         else:
             # Causal without a cache: the queries of block [start, stop) attend to keys [0, stop) only, which
             # skips the masked upper blocks of the score matrix (about half of the attention's matmul work).
@@ -265,10 +272,10 @@ class MLP(nnx.Module):
 class DecoderLayer(nnx.Module):
     """Pre-norm block: x + attn(norm(x)), then x + mlp(norm(x))."""
 
-    def __init__(self, config: ModelConfig, *, dtype, param_dtype, rngs: nnx.Rngs):
+    def __init__(self, config: ModelConfig, *, dtype, param_dtype, rngs: nnx.Rngs, attention: str = "auto"):
         dtypes = dict(dtype=dtype, param_dtype=param_dtype)
         self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps, **dtypes)
-        self.self_attn = Attention(config, rngs=rngs, **dtypes)
+        self.self_attn = Attention(config, rngs=rngs, implementation=attention, **dtypes)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps, **dtypes)
         self.mlp = MLP(config, rngs=rngs, **dtypes)
 
@@ -291,9 +298,11 @@ _apply_layer_remat = nnx.remat(_apply_layer)
 class Decoder(nnx.Module):
     """Token embedding, `num_layers` DecoderLayers, final RMSNorm, and an unembedding (tied or `lm_head`).
 
-    `remat=True` rematerialises each layer in the backward pass (for training). `shard_activations(x, axes)` is
-    called on the residual stream after the embedding and after every layer with ACTIVATION_AXES; the sharding
-    code sets it (to a `with_sharding_constraint` over its mesh rules), the default leaves placement to XLA.
+    `remat=True` rematerialises each layer in the backward pass (for training). `attention` names the kernel of
+    full-sequence attention (`models.attention.IMPLEMENTATIONS`; "auto" chooses by platform).
+    `shard_activations(x, axes)` is called on the residual stream after the embedding and after every layer with
+    ACTIVATION_AXES; the sharding code sets it (to a `with_sharding_constraint` over its mesh rules), the default
+    leaves placement to XLA.
     """
 
     def __init__(
@@ -304,6 +313,7 @@ class Decoder(nnx.Module):
         dtype: jax.typing.DTypeLike = jnp.float32,
         param_dtype: jax.typing.DTypeLike = jnp.float32,
         remat: bool = False,
+        attention: str = "auto",
         shard_activations: ShardActivations = no_sharding,
     ):
         dtypes = dict(dtype=dtype, param_dtype=param_dtype)
@@ -312,7 +322,8 @@ class Decoder(nnx.Module):
         self.remat = remat
         self.shard_activations = shard_activations
         self.embed_tokens = nnx.Embed(config.vocab_size, config.hidden_size, embedding_init=_INIT, rngs=rngs, **dtypes)
-        self.layers = nnx.List([DecoderLayer(config, rngs=rngs, **dtypes) for _ in range(config.num_layers)])
+        self.layers = nnx.List([DecoderLayer(config, rngs=rngs, attention=attention, **dtypes)
+                                for _ in range(config.num_layers)])
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps, **dtypes)
         if config.tie_word_embeddings:
             self.lm_head = None

@@ -19,6 +19,10 @@ Host memory (the host never holds two copies of the model, nor one whole copy):
   Devices holding the same slice share one read. Peak host use is one tensor's slices at a time.
 - Save gathers one parameter at a time to the host (`jax.device_get`), converts it, writes it, and drops it
   before the next; the safetensors header is computed from shapes alone, so each file is streamed.
+- Multi-process save of a model whose parameters span processes: only process 0 writes. A parameter sharded
+  over devices of several processes is gathered with `multihost_utils.process_allgather`, a collective every
+  process joins in the same (the table's) order: it is replicated on every device for the moment of the gather,
+  one parameter at a time. The save ends with a barrier, so no process returns before the directory is in place.
 - Save is atomic: everything is written to a sibling staging directory, fsynced, and renamed into place, so a
   crash leaves either the old checkpoint or the new one, never a half-written one.
 """
@@ -42,6 +46,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 from flax import nnx
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, SingleDeviceSharding
 from safetensors import safe_open
 
@@ -230,19 +235,20 @@ class _TensorToWrite:
     shape: tuple[int, ...]
     dtype: np.dtype
     fetch: Callable[[], np.ndarray]
+    collective: bool = False  # spans processes: every process must call `fetch`
 
     @property
     def nbytes(self) -> int:
         return math.prod(self.shape) * self.dtype.itemsize
 
 
-def _host_tensor(array: jax.Array, name: str, transpose: bool, dtype: np.dtype) -> np.ndarray:
-    """`array` gathered to this host in HF layout and `dtype`, C-contiguous."""
-    if not array.is_fully_addressable:
-        raise NotImplementedError(
-            f"parameter {name!r} spans devices of other processes; multi-host save is not supported"
-        )
-    host = np.asarray(jax.device_get(array))
+def _host_tensor(array: jax.Array, transpose: bool, dtype: np.dtype) -> np.ndarray:
+    """`array` gathered to this host in HF layout and `dtype`, C-contiguous. An array spanning several processes
+    is gathered with `process_allgather`, a collective: every process must fetch it, in the same order."""
+    if array.is_fully_addressable:
+        host = np.asarray(jax.device_get(array))
+    else:
+        host = multihost_utils.process_allgather(array, tiled=True)
     return np.ascontiguousarray((host.T if transpose else host).astype(dtype, copy=False))
 
 
@@ -255,9 +261,11 @@ def _tensors_to_write(model: Decoder, dtype: Optional[Any]) -> list[_TensorToWri
         array = params[path]
         np_dtype = np.dtype(dtype if dtype is not None else array.dtype)
         if np_dtype not in _SAFETENSORS_DTYPES:
-            raise ValueError(f"cannot save tensor {name!r} as {np_dtype}; supported: {sorted(map(str, _SAFETENSORS_DTYPES))}")
-        fetch = functools.partial(_host_tensor, array, name, transpose, np_dtype)
-        tensors.append(_TensorToWrite(name, _hf_shape(array.shape, transpose), np_dtype, fetch))
+            raise ValueError(f"cannot save tensor {name!r} as {np_dtype}; "
+                             f"supported: {sorted(map(str, _SAFETENSORS_DTYPES))}")
+        fetch = functools.partial(_host_tensor, array, transpose, np_dtype)
+        tensors.append(_TensorToWrite(name, _hf_shape(array.shape, transpose), np_dtype, fetch,
+                                      collective=not array.is_fully_addressable))
     return tensors
 
 
@@ -394,12 +402,24 @@ def save_hf_checkpoint(
     `max_shard_bytes` splits the weights into shards with an index when they exceed it (one file otherwise).
     `tokenizer_dir` copies the tokenizer files found there (`tokenizer.TOKENIZER_FILES`). The write is atomic;
     an existing `directory` is replaced as a whole only with `overwrite=True` (FileExistsError otherwise).
-    Parameters are gathered to the host one at a time; they must be addressable from this process.
+    Parameters are gathered to the host one at a time.
+
+    A model whose parameters span several processes (module docstring) is saved by all of them together: every
+    process calls this with the same arguments, process 0 writes, the others take part in gathering, and all
+    return once the directory is in place. A model on this process's devices alone is written by its caller.
     """
     tensors = _tensors_to_write(model, dtype)
-    tokenizer_paths = tokenizer_files(tokenizer_dir) if tokenizer_dir is not None else []
-    with _atomic_directory(Path(directory), overwrite) as staging:
-        _write_weights(staging, tensors, max_shard_bytes)
-        _write_json(staging / CONFIG_NAME, _config_dict(model.config, tensors))
-        for source in tokenizer_paths:
-            shutil.copyfile(source, staging / source.name)
+    collective = any(tensor.collective for tensor in tensors)
+    if not collective or jax.process_index() == 0:
+        tokenizer_paths = tokenizer_files(tokenizer_dir) if tokenizer_dir is not None else []
+        with _atomic_directory(Path(directory), overwrite) as staging:
+            _write_weights(staging, tensors, max_shard_bytes)
+            _write_json(staging / CONFIG_NAME, _config_dict(model.config, tensors))
+            for source in tokenizer_paths:
+                shutil.copyfile(source, staging / source.name)
+    else:
+        for tensor in tensors:
+            if tensor.collective:
+                tensor.fetch()
+    if collective:
+        multihost_utils.sync_global_devices(f"save_hf_checkpoint {directory}")

@@ -32,7 +32,9 @@ constrained by `shard_activations`, the Decoder's hook; it is a no-op outside a 
 
 Multi-host: every sharding here is a NamedSharding over the global mesh (all processes' devices), so
 `jax.make_array_from_callback(shape, sharding, read_slice)` builds a parameter on any number of hosts, each
-reading only its own slices, and batches are placed with `jax.make_array_from_process_local_data`.
+reading only its own slices; `global_batch` assembles each process's rows into one batch
+(`jax.make_array_from_process_local_data`) and `process_rows` gives a process its rows of a result back.
+`maybe_initialize_distributed` starts the multi-process runtime (docs/multihost.md).
 """
 
 import dataclasses
@@ -43,6 +45,7 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from rubric_jax.models.config import ModelConfig
@@ -176,6 +179,37 @@ def param_shardings(abstract_state: Any, mesh: Mesh, rules: Sequence[PartitionRu
 def batch_sharding(mesh: Mesh) -> NamedSharding:
     """Rows over (data, fsdp), everything else replicated: the layout of every [B, ...] input of a step."""
     return NamedSharding(mesh, PartitionSpec(BATCH_AXES))
+
+
+def _check_rows_split(sharding: NamedSharding) -> None:
+    """ValueError unless the processes hold disjoint, equal shares of a batch's rows under `sharding`: a batch
+    axis, not "tensor", must run across processes (each process's devices then cover batch_shards / processes
+    distinct row blocks)."""
+    blocks = int(np.prod([sharding.mesh.shape[axis] for axis in BATCH_AXES]))
+    local = {index[0].start for index in sharding.addressable_devices_indices_map((blocks,)).values()}
+    if len(local) * jax.process_count() != blocks:
+        raise ValueError(
+            f"mesh {dict(sharding.mesh.shape)} gives this process {len(local)} of {blocks} batch shards over "
+            f"{jax.process_count()} processes: data * fsdp must split evenly among the processes"
+        )
+
+
+def global_batch(local_batch: Mapping[str, Any], mesh: Mesh) -> dict[str, jax.Array]:
+    """Every process's rows as one global batch laid out by `batch_sharding(mesh)`: with n rows per process
+    (the same n everywhere), a process's rows are the block of n global rows its devices hold, process k's the
+    k-th on a mesh whose devices are in process order (`jax.make_array_from_process_local_data`). One process:
+    its batch, placed. Each process calls this with its own rows; ValueError when the mesh does not split the
+    rows among the processes (`_check_rows_split`)."""
+    sharding = batch_sharding(mesh)
+    _check_rows_split(sharding)
+    return {key: jax.make_array_from_process_local_data(sharding, np.asarray(value))
+            for key, value in local_batch.items()}
+
+
+def process_rows(array: jax.Array, mesh: Mesh) -> np.ndarray:
+    """This process's rows of a global [B, ...] array laid out by `batch_sharding(mesh)`, on the host: the
+    inverse of `global_batch`."""
+    return np.asarray(multihost_utils.global_array_to_host_local_array(array, mesh, PartitionSpec(BATCH_AXES)))
 
 
 def logical_to_mesh(

@@ -8,10 +8,10 @@ layouts of `sharding.param_shardings`; every batch array is split by rows over (
 `make_update_step` is generic in the model and its loss: `forward_loss(model, batch) -> (loss_bt,
 token_metrics)`; `make_train_step` is the policy's (`models.value.make_value_train_step` a critic's). The policy
 step is generic in the loss: `loss_fn(logp_bt, entropy_bt, batch) -> (loss_bt, token_metrics)` is any
-per-token loss (a `rubric_jax.core.losses` function through `ratio_loss`, with `with_rollout_correction` and
-`with_kl_penalty` on top, or `confidence_penalized_nll` for SFT), and `token_metrics` a dict of per-token diagnostics [B, T] (e.g.
-{"clip_fraction": clipped_bt}) that the step reports as their mean over response tokens. `aggregate` is any
-`core.aggregation` mode.
+per-token loss (a `rubric_jax.core.losses` function through `ratio_loss`, with `with_rollout_correction`,
+`with_kl_penalty` and `with_detached_old_logprobs` on top, or `confidence_penalized_nll` for SFT), and
+`token_metrics` a dict of per-token diagnostics [B, T] (e.g. {"clip_fraction": clipped_bt}) that the step
+reports as their mean over response tokens. `aggregate` is any `core.aggregation` mode.
 
 Gradient accumulation is exact: with `micro_batches = M` the batch's rows are dealt into M micro-batches (row
 i goes to micro-batch i mod M, so each keeps its share of every device's rows), and the gradients of the
@@ -100,6 +100,25 @@ def with_rollout_correction(loss_fn: TokenLossFn, weights_fn: WeightsFn) -> Toke
     return corrected
 
 
+def with_detached_old_logprobs(loss_fn: TokenLossFn) -> TokenLossFn:
+    """`loss_fn` with batch["old_logp_bt"] = stop_gradient(logp_bt): the old policy is the one being
+    differentiated, as on an update that starts from the policy of the batch's old logprobs (one epoch of one
+    mini-batch), so a ratio is exp(logp - sg(logp)) = 1 with the gradient of logp, and the separate forward pass
+    that computes the old logprobs is not needed. Wrap it outermost, so every wrapper below reads these old
+    logprobs. When the batch holds "rollout_logp_bt" (the engine's), adds the token metric "mismatch_k3",
+    exp(d) - 1 - d with d = old - rollout logprob: the k3 estimate of KL(engine || learner) per token."""
+
+    def detached(logp_bt, entropy_bt, batch):
+        old_logp_bt = jax.lax.stop_gradient(logp_bt)
+        loss_bt, metrics = loss_fn(logp_bt, entropy_bt, {**batch, "old_logp_bt": old_logp_bt})
+        if "rollout_logp_bt" in batch:
+            delta_bt = jnp.where(batch["response_mask_bt"], old_logp_bt - batch["rollout_logp_bt"], 0)
+            metrics = {**metrics, "mismatch_k3": jnp.expm1(delta_bt) - delta_bt}
+        return loss_bt, metrics
+
+    return detached
+
+
 def confidence_penalized_nll(coef: float) -> TokenLossFn:
     """SFT's per-token loss on the tokens of batch["response_mask_bt"] (the assistant's): -log p(target), with
     `aggregation.token_mean` the usual masked cross-entropy, minus coef * H(p), the confidence penalty of
@@ -140,6 +159,23 @@ def _deal_rows(batch: Batch, micro_batches: int) -> Batch:
         return sharding.shard_activations(dealt, (None, "batch") + (None,) * (x.ndim - 1))
 
     return jax.tree.map(deal, batch)
+
+
+def _on_mesh(jitted: Callable, mesh: Mesh, prepare: Callable[..., tuple] = lambda *args: args) -> Callable:
+    """`jitted(*prepare(*args))` called under `jax.set_mesh(mesh)`, so the decoder's `shard_activations` hook takes
+    effect; its `.lower(*args)` lowers the same call ahead of time (arguments may be `jax.ShapeDtypeStruct`s with
+    shardings: `training.plan` compiles the learner's steps for a TPU topology that is not attached)."""
+
+    def call(*args):
+        with jax.set_mesh(mesh):
+            return jitted(*prepare(*args))
+
+    def lower(*args):
+        with jax.set_mesh(mesh):
+            return jitted.lower(*prepare(*args))
+
+    call.lower = lower
+    return call
 
 
 def make_update_step(
@@ -212,11 +248,7 @@ def make_update_step(
         donate_argnums=(0, 1),
     )
 
-    def sharded_step(params, opt_state, batch):
-        with jax.set_mesh(mesh):
-            return jitted(params, opt_state, batch)
-
-    return sharded_step
+    return _on_mesh(jitted, mesh)
 
 
 def make_train_step(
@@ -269,11 +301,7 @@ def make_forward_fn(
     jitted = jax.jit(lambda params, batch: forward(nnx.merge(graphdef, params), batch),
                      in_shardings=(param_shardings, batch_sharding), out_shardings=batch_sharding)
 
-    def sharded_forward(params, batch):
-        with jax.set_mesh(mesh):
-            return jitted(params, {key: batch[key] for key in POLICY_INPUTS})
-
-    return sharded_forward
+    return _on_mesh(jitted, mesh, lambda params, batch: (params, {key: batch[key] for key in POLICY_INPUTS}))
 
 
 def make_logprobs_fn(

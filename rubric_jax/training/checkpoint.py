@@ -23,6 +23,11 @@ Conventions:
   error, if any. Old steps are deleted only after the new one has committed.
 - Steps increase: saving a step at or below the latest committed one raises ValueError (orbax would either
   skip it silently or overwrite it).
+- Multi-process (`jax.distributed`, docs/multihost.md): every process constructs the Checkpointer on the same
+  directory, on a filesystem all of them see (gs://, NFS), and calls `save`, `restore`, `wait` and `close`
+  together, in the same order: orbax writes each array's shards from the process that holds them, the meta and
+  the commit from process 0, and synchronises the processes around each step's commit; `restore` reads each
+  process's shards of `abstract_state`'s global layout.
 """
 
 from collections.abc import Mapping

@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 
 from rubric_jax.models import sharding, train_step
@@ -39,10 +40,16 @@ def make_mesh(config: MeshConfig) -> Mesh:
     return sharding.make_mesh(config.data, config.fsdp, config.tensor, devices=jax.devices()[:size])
 
 
+def decoder_options(spec: ModelSpec) -> dict[str, Any]:
+    """The Decoder's keyword arguments of a run's policy besides its config: the sharding hook, `spec`'s attention
+    kernel and remat."""
+    return dict(shard_activations=sharding.shard_activations, attention=spec.attention, remat=spec.remat)
+
+
 def build_policy(spec: ModelSpec, task: Any, mesh: Mesh) -> tuple[Decoder, Any]:
     """(decoder on `mesh`, tokenizer) for `spec` (module docstring)."""
     if spec.path is not None:
-        model = load_hf_checkpoint(spec.path, mesh=mesh, shard_activations=sharding.shard_activations)
+        model = load_hf_checkpoint(spec.path, mesh=mesh, **decoder_options(spec))
         return model, load_tokenizer(spec.path)
     tokenizer = task.tokenizer()
     init = spec.init
@@ -59,7 +66,7 @@ def build_policy(spec: ModelSpec, task: Any, mesh: Mesh) -> tuple[Decoder, Any]:
         tie_word_embeddings=init.tie_word_embeddings,
         eos_token_id=tokenizer.eos_token_id,
     )
-    model = Decoder(config, rngs=nnx.Rngs(init.seed), shard_activations=sharding.shard_activations)
+    model = Decoder(config, rngs=nnx.Rngs(init.seed), **decoder_options(spec))
     graphdef, params = nnx.split(model)
     rules = sharding.partition_rules(config)
     return nnx.merge(graphdef, jax.device_put(params, sharding.param_shardings(params, mesh, rules))), tokenizer
@@ -86,6 +93,19 @@ def copy_params(params: nnx.State) -> nnx.State:
     """A copy with its own buffers: the train step donates (invalidates) the params it is given, so whatever
     must outlive a step (the rollout engine's weights, the frozen reference) holds a copy."""
     return jax.tree.map(jnp.copy, params)
+
+
+def rollout_model(graphdef: nnx.GraphDef, params: nnx.State, engine: str) -> Decoder:
+    """The policy to hand the rollout engine `engine` ("embedded" or "sglang", `RolloutConfig.engine`): a copy of
+    `params` (`copy_params`). In a multi-process run the embedded engine samples on this process's devices alone,
+    so it gets a whole replica on this process's first device, gathered one parameter at a time (a collective:
+    every process calls this); an SGLang engine gets the global model, which `save_hf_checkpoint` writes once,
+    from process 0, for every process's server."""
+    if engine == "sglang" or all(leaf.is_fully_addressable for leaf in jax.tree.leaves(params)):
+        return nnx.merge(graphdef, copy_params(params))
+    device = jax.local_devices()[0]
+    return nnx.merge(graphdef, jax.tree.map(
+        lambda leaf: jax.device_put(multihost_utils.process_allgather(leaf, tiled=True), device), params))
 
 
 @dataclasses.dataclass

@@ -4,7 +4,9 @@
   2. experience = algorithm.experience(...)          rollouts (engine) -> judges -> rewards -> token advantages
   3. old logprobs recomputed by the learner           (and the frozen reference's, for a KL penalty); the
                                                       engine's logprobs stay in the batch ("rollout_logp_bt")
-                                                      and their mismatch with the learner's is logged
+                                                      and their mismatch with the learner's is logged; with
+                                                      learner.old_logprobs detached, the update's own logprobs
+                                                      instead (`train_step.with_detached_old_logprobs`)
   4. `epochs` passes over the batch in a fresh random order, each split into `mini_batches` optimizer updates,
      each accumulated exactly over `micro_batches` (`train_step.make_train_step`)
   PPO with a critic (a recipe whose `uses_critic`; the run's `critic` config): the recipe hands token rewards;
@@ -26,11 +28,30 @@ steps: the metrics line and the checkpoint of step n describe the state after n 
 what was judged during step n (sampled by the policy after n - 1 steps). A rollout file is written before its
 step's checkpoint, and resuming from step k deletes those of steps after k (as the metrics log drops their lines),
 so the steps a resumed run re-runs write theirs again and every file describes the run's one history.
+
+Overlap (`RolloutConfig.overlap`): step n + 1's experience (step 2, judging included, on the stream's next
+examples) is sampled in a background thread from the weights of n updates while the learner runs steps 3 and 4
+of step n; the sync (step 5) waits for it ("time/rollout_wait": what the update did not hide), so the engine
+and the judges are only ever used by one thread at a time. The first step's batch (and that of a resumed run
+whose checkpoint has none sampled ahead) is sampled as without overlap; every later one lags one update: the
+metrics line of step n >= 2 has "rollout/policy_lag" 1 and "rollout/weight_step" n - 2 (its batch was sampled
+from the weights after n - 2 updates while update n - 1 ran; without overlap, lag 0 and n - 1). A batch is a
+function of (seed, step) and of its weights, as without overlap, so an overlapped run is reproducible; its
+checkpoint of step n, taken once step n + 1's experience is in, holds the data position and algorithm state
+after that experience, and the experience itself (with its judged rollouts) in pending/step_<n>.pkl
+(`save_pending`), which the resumed run trains on next, so it continues as the uninterrupted run would.
+
+Multi-process (`data_parallel`, docs/multihost.md): every process samples and judges its share of each step's
+examples, [k::P], and the learner trains on the union of the shares as one global batch. Process 0 alone writes
+config.yaml, the metrics log (the rollout-side metrics in it describe its share; the train/* ones the whole
+batch), the judged-rollout files (its share) and the final model; each process keeps its own pending experience.
 """
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import os
+import pickle
 import re
 import time
 from pathlib import Path
@@ -40,19 +61,19 @@ import jax
 import numpy as np
 from flax import nnx
 
-from rubric_jax.algorithms.base import RolloutContext, summary_stats
+from rubric_jax.algorithms.base import Experience, RolloutContext, summary_stats
 from rubric_jax.algorithms.registry import algorithm_class
 from rubric_jax.inference.embedded import EmbeddedEngine
 from rubric_jax.inference.engine import RolloutEngine, SamplingParams
 from rubric_jax.inference.http import JsonHttpClient, RetryPolicy
 from rubric_jax.judges import llm
 from rubric_jax.judges.base import Judge
-from rubric_jax.judges.records import RecordingJudge, write_judged_rollouts
+from rubric_jax.judges.records import JudgedRollout, RecordingJudge, write_judged_rollouts
 from rubric_jax.core import value as core_value
 from rubric_jax.core.advantages import whiten_tokens
 from rubric_jax.models import sharding, train_step
 from rubric_jax.models.value import make_value_train_step, make_values_fn
-from rubric_jax.training import policy, runs
+from rubric_jax.training import data_parallel, policy, runs
 from rubric_jax.training.evaluate import evaluate
 from rubric_jax.training.metrics import PhaseTimer
 from rubric_jax.training.optim import learning_rate_schedule, make_optimizer
@@ -66,7 +87,8 @@ RL_PLOTS = {
     "loss": ("train/loss", "train/kl"),
     "policy": ("train/entropy", "train/clip_fraction", "mismatch/k3"),
     "response_length": ("response/length_mean",),
-    "time": ("time/generation", "time/judging", "time/logprobs", "time/update", "time/sync", "time/checkpoint"),
+    "time": ("time/generation", "time/judging", "time/logprobs", "time/update", "time/rollout_wait", "time/sync",
+             "time/checkpoint"),
     "critic": ("critic/loss", "critic/explained_variance", "critic/clip_fraction"),
 }
 
@@ -87,6 +109,78 @@ def drop_rollout_logs_after(out: Path, step: int) -> None:
         match = _ROLLOUT_LOG_NAME.fullmatch(path.name)
         if match and int(match.group(1)) > step:
             path.unlink()
+
+
+PENDING_DIR = "pending"
+_PENDING_NAME = re.compile(r"step_(\d+)\.pkl")
+
+
+def _pending_dir(out: Path) -> Path:
+    """out/pending; in a multi-process run, this process's out/pending/process_<k> (each samples its own share)."""
+    directory = out / PENDING_DIR
+    return directory if jax.process_count() == 1 else directory / f"process_{jax.process_index()}"
+
+
+@dataclasses.dataclass(frozen=True)
+class SampledExperience:
+    """One step's experience as the learner takes it (`sample_experience`): the recipe's output, the entries it
+    adds to the step's metrics line (the recipe's metrics, the prompt metrics, "time/generation" and
+    "time/judging", "rollout/weight_step": the updates of the weights it was sampled from, "rollout/policy_lag":
+    the step's updates before it minus those), and its judged rollouts to log (None when the step logs none)."""
+
+    experience: Experience
+    metrics: dict[str, float]
+    records: Optional[list[JudgedRollout]]
+
+
+def sample_experience(algorithm, examples: list, context: RolloutContext, recorder: RecordingJudge, step: int,
+                      weight_step: int, logs_rollouts: bool) -> SampledExperience:
+    """Step `step`'s experience of `examples` from the engine's weights after `weight_step` updates (step 2 of
+    the module docstring), with `recorder` (the context's judge) keeping the judged rollouts when
+    `logs_rollouts`. It times itself and records its prompt metrics apart from the learner, so it may run in a
+    background thread while the learner updates (`RolloutConfig.overlap`)."""
+    timer = PhaseTimer()
+    context = dataclasses.replace(context, timer=timer, prompt_metrics={})
+    recorder.recording = logs_rollouts
+    try:
+        experience = algorithm.experience(examples, context, step)
+    finally:
+        recorder.recording = False
+    times = {name: seconds for name, seconds in timer.metrics().items() if name != "time/step"}
+    metrics = {**experience.metrics, **{name: float(value) for name, value in context.prompt_metrics.items()},
+               **times, "rollout/weight_step": float(weight_step), "rollout/policy_lag": float(step - weight_step)}
+    return SampledExperience(experience, metrics, recorder.take(step + 1) if logs_rollouts else None)
+
+
+def pending_path(out: Path, step: int) -> Path:
+    """The file of the experience an overlapped run (`RolloutConfig.overlap`) had sampled ahead for the step
+    after `step` when it checkpointed step `step`, in the run directory `out`."""
+    return _pending_dir(out) / f"step_{step:06d}.pkl"
+
+
+def save_pending(out: Path, step: int, sampled: SampledExperience, oldest_kept: int) -> None:
+    """Writes `sampled` as checkpoint `step`'s pending experience (`pending_path`; written whole or not at all,
+    before the checkpoint), and deletes those of the steps before `oldest_kept` (no checkpoint resumes there)."""
+    path = pending_path(out, step)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".partial")
+    partial.write_bytes(pickle.dumps(sampled))
+    os.replace(partial, path)
+    for other in path.parent.glob("step_*.pkl"):
+        match = _PENDING_NAME.fullmatch(other.name)
+        if match and int(match.group(1)) < oldest_kept:
+            other.unlink()
+
+
+def resume_pending(out: Path, step: int) -> Optional[SampledExperience]:
+    """The pending experience of checkpoint `step` of the run directory `out` (None when that run did not sample
+    ahead); those of later steps, which the resumed run abandons, are deleted."""
+    for other in _pending_dir(out).glob("step_*.pkl"):
+        match = _PENDING_NAME.fullmatch(other.name)
+        if match and int(match.group(1)) > step:
+            other.unlink()
+    path = pending_path(out, step)
+    return pickle.loads(path.read_bytes()) if path.exists() else None
 
 
 def make_engine(config: RLConfig, model, tokenizer, version: str) -> RolloutEngine:
@@ -200,23 +294,14 @@ class _Learner:
             common = dict(mesh=self.mesh, abstract_params=self.abstract_params, rules=self.rules,
                           chunk_size=self.config.learner.chunk_size, temperature=self.config.rollout.temperature,
                           first_scored=prompt_width)
+            loss_fn = self.algorithm.loss_fn()
+            if self.config.learner.old_logprobs == "detached":
+                loss_fn = train_step.with_detached_old_logprobs(loss_fn)
             update = train_step.make_train_step(
-                self.graphdef, self.optimizer, self.algorithm.loss_fn(), aggregate=self.algorithm.aggregate(),
+                self.graphdef, self.optimizer, loss_fn, aggregate=self.algorithm.aggregate(),
                 micro_batches=self.config.learner.micro_batches, **common)
             self._compiled[prompt_width] = (update, train_step.make_logprobs_fn(self.graphdef, **common))
         return self._compiled[prompt_width]
-
-
-def pad_rows(batch: dict[str, np.ndarray], multiple: int) -> dict[str, np.ndarray]:
-    """`batch` with rows appended up to a multiple of `multiple`: copies of row 0 (finite inputs for every layer)
-    whose response mask is off, so they add nothing to any loss sum or denominator."""
-    rows = batch["response_mask_bt"].shape[0]
-    extra = -rows % multiple
-    if not extra:
-        return batch
-    padded = {key: np.concatenate([value, np.repeat(value[:1], extra, axis=0)]) for key, value in batch.items()}
-    padded["response_mask_bt"][rows:] = False
-    return padded
 
 
 _gae = jax.jit(core_value.gae_advantages, static_argnames=("gamma", "lam"))
@@ -272,7 +357,7 @@ def _update(learner: _Learner, state: policy.LearnerState, batch, prompt_width: 
         order = np.random.default_rng((seed, step, epoch)).permutation(rows)
         for start in range(0, rows, per_update):
             index = order[start:start + per_update]
-            mini_batch = {key: value[index] for key, value in batch.items()}
+            mini_batch = sharding.global_batch({key: value[index] for key, value in batch.items()}, learner.mesh)
             state.params, state.opt_state, metrics = update(state.params, state.opt_state, mini_batch)
             collected.append(metrics)
             if critic_update is not None:
@@ -298,16 +383,19 @@ def train_rl(config: RLConfig, task: Any, *, judge=None, model=None, tokenizer=N
     kind llm) reaches the recipe in its context and is closed at the end. Returns the last step's metrics. Writes
     config.yaml, metrics.jsonl, tensorboard/, checkpoints/, plots/, the final policy as a Hugging Face directory
     model/ and, with `rollout_log.every_steps`, the judged rollouts rollouts/step_<n>.jsonl under output_dir."""
+    sharding.maybe_initialize_distributed()  # a multi-process job (docs/multihost.md), before any computation
     algorithm_config, config = resolve_algorithm(config)
     check_rubric_width(algorithm_config, task)
     algorithm = algorithm_class(config.algorithm.name)(algorithm_config)
+    data_parallel.check_recipe(algorithm)
     rollout = config.rollout
     if algorithm.needs_frozen_engine and rollout.engine == "sglang" and rollout.frozen_sglang_url is None:
         raise ValueError(f"{config.algorithm.name} samples a role from the frozen initial policy: set "
                          "rollout.frozen_sglang_url to a second SGLang server")
     out = Path(config.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    save_config(config, out / "config.yaml")
+    if jax.process_index() == 0:
+        save_config(config, out / "config.yaml")
 
     mesh = policy.make_mesh(config.learner.mesh)
     if model is None:
@@ -331,12 +419,17 @@ def train_rl(config: RLConfig, task: Any, *, judge=None, model=None, tokenizer=N
     checkpointer = runs.open_checkpoints(out, config.checkpoint)
     state, meta = runs.restore_latest(checkpointer, state, config.checkpoint, config.seed)
     start, position = (meta["step"], meta["data_position"]) if meta else (0, 0)
+    pending = None  # the experience of the next step, when it was sampled ahead (`RolloutConfig.overlap`)
     if meta:
         algorithm.load_state_dict(meta["algorithm_state"])
-        drop_rollout_logs_after(out, start)
+        if jax.process_index() == 0:
+            drop_rollout_logs_after(out, start)
+        pending = resume_pending(out, start)
 
-    engine = make_engine(config, nnx.merge(graphdef, policy.copy_params(state.params)), tokenizer, f"step-{start}")
-    frozen_engine = (make_frozen_engine(config, nnx.merge(graphdef, initial_params), tokenizer)
+    engine = make_engine(config, policy.rollout_model(graphdef, state.params, rollout.engine), tokenizer,
+                         f"step-{start}")
+    frozen_engine = (make_frozen_engine(config, policy.rollout_model(graphdef, initial_params, rollout.engine),
+                                        tokenizer)
                      if initial_params is not None else None)
     initial_params = None  # the embedded frozen engine holds its own reference; a frozen server has them on disk
     _, pad_id = policy.eos_and_pad(tokenizer)
@@ -360,6 +453,16 @@ def train_rl(config: RLConfig, task: Any, *, judge=None, model=None, tokenizer=N
     judge_requests_seen: dict[str, int] = {}
     meta_verifier_requests_seen: dict[str, int] = {}
     engine_requests_seen: dict[str, int] = {}
+    recomputes_old_logprobs = config.learner.old_logprobs == "recompute"
+
+    def sample(step: int, weight_step: int) -> SampledExperience:
+        """Step `step`'s experience of the stream's next examples, from the engine's weights (`weight_step`
+        updates)."""
+        log_every = config.rollout_log.every_steps
+        examples = data_parallel.process_share(dataset.next_batch(rollout.prompts_per_step))
+        return sample_experience(algorithm, examples, context, recorder, step, weight_step,
+                                 logs_rollouts=bool(log_every) and (step + 1) % log_every == 0)
+
     with writer, checkpointer, contextlib.closing(engine), contextlib.ExitStack() as owned:
         if judge_owned:
             owned.callback(judge.close)
@@ -367,50 +470,58 @@ def train_rl(config: RLConfig, task: Any, *, judge=None, model=None, tokenizer=N
             owned.callback(frozen_engine.close)
         if meta_verifier is not None:
             owned.callback(meta_verifier.close)
+        # Exits first: a sampling job in flight ends before the engine and judges close.
+        background = owned.enter_context(concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rollouts"))
         for step in range(start, config.steps):
             timer.reset()
-            context.prompt_metrics.clear()
             step_started = time.monotonic()
-            log_every = config.rollout_log.every_steps
-            logs_rollouts = recorder.recording = bool(log_every) and (step + 1) % log_every == 0
-            experience = algorithm.experience(dataset.next_batch(rollout.prompts_per_step), context, step)
-            recorder.recording = False
-            batch, width = experience.batch, experience.prompt_width
+            sampled, pending = (pending if pending is not None else sample(step, step)), None
+            # Sampled from the weights of `step` updates while the learner makes update step + 1 (module docstring).
+            upcoming = background.submit(sample, step + 1, step) if rollout.overlap and step + 1 < config.steps \
+                else None
+            experience = sampled.experience
             learner_config = config.learner
-            batch = pad_rows(batch, learner_config.mini_batches * learner_config.micro_batches
-                             * learner_config.mesh.batch_shards)
-            _, logprobs = learner.steps(width)
-            with timer.phase("logprobs"):
-                old_logp_bt = np.asarray(jax.device_get(logprobs(state.params, batch)))
-                batch = {**batch, "old_logp_bt": old_logp_bt}
-                if state.reference is not None:
-                    batch["ref_logp_bt"] = np.asarray(jax.device_get(logprobs(state.reference, batch)))
+            # This process's share in the shape all processes agree on (`data_parallel`); `inputs` the global batch.
+            batch, width = data_parallel.align_batch(experience.batch, experience.prompt_width, pad_id,
+                                                     learner_config.mini_batches * learner_config.micro_batches
+                                                     * learner_config.mesh.batch_shards)
+            inputs = sharding.global_batch({key: batch[key] for key in train_step.POLICY_INPUTS}, mesh)
+            if recomputes_old_logprobs or state.reference is not None:
+                _, logprobs = learner.steps(width)
+                with timer.phase("logprobs"):
+                    if recomputes_old_logprobs:
+                        batch["old_logp_bt"] = sharding.process_rows(logprobs(state.params, inputs), mesh)
+                    if state.reference is not None:
+                        batch["ref_logp_bt"] = sharding.process_rows(logprobs(state.reference, inputs), mesh)
             critic_metrics = {}
             if learner.has_critic:
                 with timer.phase("values"):
                     _, values = learner.critic_steps(width)
-                    batch = critic_advantages(batch, np.asarray(jax.device_get(values(state.critic_params, batch))),
+                    batch = critic_advantages(batch, sharding.process_rows(values(state.critic_params, inputs), mesh),
                                               config.critic)
                 critic_metrics = {**_critic_metrics(batch),
                                   "critic/learning_rate": float(critic_schedule((step + 1) * updates_per_step - 1))}
             with timer.phase("update"):
                 train_metrics = _update(learner, state, batch, width, step, config.seed)
                 jax.block_until_ready(state.params)
+            mismatch_metrics = (_mismatch_metrics(batch, batch["old_logp_bt"]) if recomputes_old_logprobs
+                                else {"mismatch/k3": train_metrics.pop("train/mismatch_k3")})
+            if upcoming is not None:
+                with timer.phase("rollout_wait"):  # the part of the next step's sampling the update did not hide
+                    pending = upcoming.result()
             with timer.phase("sync"):
-                engine.update_weights(nnx.merge(graphdef, policy.copy_params(state.params)), f"step-{step + 1}")
-            metrics = {**data_metrics, **experience.metrics, **train_metrics, **critic_metrics,
-                       **_mismatch_metrics(batch, old_logp_bt),
-                       **{name: float(value) for name, value in context.prompt_metrics.items()},
+                engine.update_weights(policy.rollout_model(graphdef, state.params, rollout.engine), f"step-{step + 1}")
+            metrics = {**data_metrics, **sampled.metrics, **train_metrics, **critic_metrics, **mismatch_metrics,
                        **_request_metrics("judge", judge.http_stats(), judge_requests_seen),
                        **_request_metrics("meta_verifier",
                                           meta_verifier.http_stats() if meta_verifier is not None else None,
                                           meta_verifier_requests_seen),
                        **_request_metrics("engine", engine.http_stats(), engine_requests_seen),
                        "train/learning_rate": float(schedule((step + 1) * updates_per_step - 1))}
-            if logs_rollouts:
-                records = recorder.take(step + 1)
-                write_judged_rollouts(rollout_log_path(out, step + 1), records)
-                metrics["rollout_log/records"] = len(records)
+            if sampled.records is not None:
+                if jax.process_index() == 0:  # its share of the rollouts (docs/multihost.md)
+                    write_judged_rollouts(rollout_log_path(out, step + 1), sampled.records)
+                metrics["rollout_log/records"] = len(sampled.records)
             if config.eval.every_steps and (step + 1) % config.eval.every_steps == 0:
                 with timer.phase("eval"):
                     metrics.update(evaluate(engine, tokenizer, task, judge, eval_examples, config.eval,
@@ -418,6 +529,8 @@ def train_rl(config: RLConfig, task: Any, *, judge=None, model=None, tokenizer=N
                                             recipes=(config.algorithm.name,)))
             if (step + 1) % config.checkpoint.every_steps == 0 or step + 1 == config.steps:
                 with timer.phase("checkpoint"):
+                    if pending is not None:
+                        save_pending(out, step + 1, pending, min(checkpointer.all_steps(), default=step + 1))
                     meta = {"step": step + 1, "seed": config.seed, "data_position": dataset.position,
                             "algorithm_state": algorithm.state_dict(), "metrics": {**metrics, **timer.metrics()}}
                     checkpointer.save(step + 1, state.tree(), meta)

@@ -53,11 +53,17 @@ class ModelSpec:
 
     chat_template_kwargs: variables of the chat template for every prompt the policy is given (rollouts, SFT,
     evaluation), e.g. {"enable_thinking": false}: a Qwen3 template's non-thinking mode, which SRaR runs in.
-    Nothing checks that the template reads them; a variable it does not read has no effect."""
+    Nothing checks that the template reads them; a variable it does not read has no effect.
+
+    attention: the learner's full-sequence attention (`models.attention`): "auto" (by backend: Pallas splash
+    attention on TPU, XLA elsewhere), "xla" or "splash". `remat`: rematerialise each layer in the backward pass
+    (less activation memory, one more forward pass of compute)."""
 
     path: Optional[str] = None
     init: Optional[ModelInit] = None
     chat_template_kwargs: dict = dataclasses.field(default_factory=dict)
+    attention: Literal["auto", "xla", "splash"] = "auto"
+    remat: bool = False
 
     def __post_init__(self):
         _require((self.path is None) != (self.init is None), "exactly one of model.path and model.init must be set")
@@ -101,7 +107,14 @@ class RolloutConfig:
     one is cut as `prompt_truncation` says (`algorithms.base.truncate_prompt`: verl's modes) and counted in the
     metric "prompt/truncated". `frozen_sglang_url`: a second SGLang server for a recipe that samples a role from
     the frozen initial policy (`Algorithm.needs_frozen_engine`); it is sent the initial weights once and never
-    updated, so it must not be the policy's server. The embedded engine makes its frozen copy in process."""
+    updated, so it must not be the policy's server. The embedded engine makes its frozen copy in process.
+
+    `overlap`: sample (and judge) step n + 1's experience in a background thread while the learner updates on
+    step n's, from the weights before that update: every batch after the first is one policy version old
+    (metrics "rollout/policy_lag", "rollout/weight_step"), so a `rollout_correction` (TIS, ICEPOP) should
+    weight it. The run stays a function of (seed, step), and a checkpoint keeps the experience sampled ahead
+    (`training.rl`). Either engine works; the embedded one shares the learner's devices, so only an SGLang
+    server gains time."""
 
     engine: Literal["embedded", "sglang"] = "embedded"
     sglang_url: Optional[str] = None
@@ -115,6 +128,7 @@ class RolloutConfig:
     top_p: float = 1.0
     top_k: int = -1
     max_batch_size: Optional[int] = None
+    overlap: bool = False
 
     def __post_init__(self):
         for name in ("prompts_per_step", "group_size", "max_new_tokens"):
@@ -139,17 +153,26 @@ class RolloutConfig:
 @dataclasses.dataclass(frozen=True)
 class LearnerConfig:
     """PPO-style updates per rollout batch: `epochs` passes, each over `mini_batches` optimizer updates, each
-    accumulated exactly over `micro_batches`; `chunk_size` positions per logits chunk."""
+    accumulated exactly over `micro_batches`; `chunk_size` positions per logits chunk.
+
+    `old_logprobs`: "recompute" runs the learner over the batch before its updates for the old logprobs;
+    "detached" (one epoch of one mini-batch only: the one update then starts from the old policy) takes them as
+    the update's own logprobs, detached (`train_step.with_detached_old_logprobs`), and skips that forward pass;
+    the mismatch metric "mismatch/k3" is then the update's, and "mismatch/max_abs" is not logged."""
 
     epochs: int = 1
     mini_batches: int = 1
     micro_batches: int = 1
     chunk_size: int = 256
+    old_logprobs: Literal["recompute", "detached"] = "recompute"
     mesh: MeshConfig = MeshConfig()
 
     def __post_init__(self):
         for name in ("epochs", "mini_batches", "micro_batches", "chunk_size"):
             _require(getattr(self, name) >= 1, f"{name} must be >= 1, got {getattr(self, name)}")
+        _require(self.old_logprobs == "recompute" or self.epochs == self.mini_batches == 1,
+                 f"old_logprobs detached needs epochs = mini_batches = 1 (one update from the old policy), got "
+                 f"epochs {self.epochs}, mini_batches {self.mini_batches}")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,8 +17,8 @@ from rubric_jax.algorithms.base import (
 from rubric_jax.data.tasks import build_task
 from rubric_jax.inference.engine import RolloutEngine, Sample, SamplingParams, prompt_token_ids
 from rubric_jax.models.train_step import pack_sequences
+from rubric_jax.training.data_parallel import pad_rows
 from rubric_jax.training.metrics import PhaseTimer
-from rubric_jax.training.rl import pad_rows
 
 
 def numpy_stats(name: str, selected: np.ndarray) -> dict:

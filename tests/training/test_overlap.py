@@ -1,0 +1,113 @@
+"""rollout.overlap: step n + 1's experience is sampled in a background thread, from the weights before update n,
+while the learner makes update n; the run is reproducible and a run interrupted after a checkpoint resumes, from
+the experience it had sampled ahead, to exactly what the uninterrupted run produced."""
+
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from rubric_jax.inference.embedded import EmbeddedEngine
+from rubric_jax.training import rl
+from rubric_jax.training.checkpoint import Checkpointer
+from rubric_jax.training.metrics import read_metrics
+from rubric_jax.training.run_config import RolloutConfig, RolloutLogConfig
+from tests.training.test_rl import tiny_rl_config
+from tests.training.toy_task import toy_task
+
+ROOT = Path(__file__).resolve().parents[2]
+OVERLAP = RolloutConfig(prompts_per_step=2, group_size=4, max_new_tokens=16, overlap=True)
+
+
+def test_the_next_batch_is_sampled_from_the_weights_one_update_old_while_the_learner_updates(tmp_path,
+                                                                                               monkeypatch):
+    generations, in_update = [], threading.Event()
+    generate, update = EmbeddedEngine.generate, rl._update
+
+    def recording_generate(self, prompts, params):
+        background = threading.current_thread() is not threading.main_thread()
+        # A background generation goes on only once the learner is inside an update (set below): they overlap.
+        generations.append((self.weight_version, background, background and in_update.wait(timeout=120)))
+        return generate(self, prompts, params)
+
+    def flagged_update(*args):
+        in_update.set()
+        try:
+            return update(*args)
+        finally:
+            in_update.clear()
+
+    monkeypatch.setattr(EmbeddedEngine, "generate", recording_generate)
+    monkeypatch.setattr(rl, "_update", flagged_update)
+    rl.train_rl(tiny_rl_config(tmp_path, steps=3, rollout=OVERLAP), toy_task())
+
+    # Step 1's batch from the initial weights, then each next one in the background during the update before it.
+    assert generations == [("step-0", False, False), ("step-0", True, True), ("step-1", True, True)]
+    lines = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert [line["rollout/policy_lag"] for line in lines] == [0, 1, 1]
+    assert [line["rollout/weight_step"] for line in lines] == [0, 0, 1]
+    assert ["time/rollout_wait" in line for line in lines] == [True, True, False]  # nothing sampled after step 3
+
+
+def test_without_overlap_every_batch_is_on_policy(tmp_path):
+    rl.train_rl(tiny_rl_config(tmp_path, steps=2), toy_task())
+    lines = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert [(line["rollout/policy_lag"], line["rollout/weight_step"]) for line in lines] == [(0, 0), (0, 1)]
+    assert not any("time/rollout_wait" in line for line in lines)
+    assert not (tmp_path / "run" / rl.PENDING_DIR).exists()
+
+
+class Interrupted(Exception):
+    pass
+
+
+def comparable(line: dict) -> dict:
+    return {name: value for name, value in line.items() if not name.startswith("time/")}
+
+
+def test_an_interrupted_overlapped_run_resumes_to_what_the_uninterrupted_run_produced(tmp_path, monkeypatch):
+    def config(name):
+        return tiny_rl_config(tmp_path / name, steps=4, rollout=OVERLAP, rollout_log=RolloutLogConfig(every_steps=1))
+
+    rl.train_rl(config("whole"), toy_task())
+
+    update = rl._update
+
+    def interrupted_at_step_3(learner, state, batch, width, step, seed):
+        if step == 2:  # after checkpoint 2, with step 4's batch being sampled
+            raise Interrupted
+        return update(learner, state, batch, width, step, seed)
+
+    monkeypatch.setattr(rl, "_update", interrupted_at_step_3)
+    with pytest.raises(Interrupted):
+        rl.train_rl(config("resumed"), toy_task())
+    resumed = tmp_path / "resumed" / "run"
+    assert rl.pending_path(resumed, 2).exists()  # step 3's batch, sampled during step 2
+    monkeypatch.setattr(rl, "_update", update)
+    rl.train_rl(config("resumed"), toy_task())
+
+    whole = tmp_path / "whole" / "run"
+    assert ([comparable(line) for line in read_metrics(resumed / "metrics.jsonl")]
+            == [comparable(line) for line in read_metrics(whole / "metrics.jsonl")])
+    for step in range(1, 5):
+        assert (rl.rollout_log_path(resumed, step).read_text() == rl.rollout_log_path(whole, step).read_text())
+    states = [Checkpointer(run / "checkpoints").restore(4, None) for run in (whole, resumed)]
+    for a, b in zip(jax.tree.leaves(states[0][0]["params"]), jax.tree.leaves(states[1][0]["params"])):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert states[0][1]["data_position"] == states[1][1]["data_position"] == 8
+
+
+def test_the_overlap_benchmark_prints_each_configurations_step_time_against_the_plain_loop():
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "experiments" / "benchmarks" / "overlap_benchmark.py"), "--steps", "1",
+         "--warmup", "1", "--latency", "0.05", "--hidden", "32", "--layers", "1", "--prompts", "2",
+         "--group-size", "2"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    rows = {line[:22].strip(): line.split() for line in result.stdout.splitlines()
+            if line.startswith(("plain", "detached", "overlap"))}
+    assert sorted(rows) == ["detached old logprobs", "overlap", "overlap + detached", "plain"]
+    assert float(rows["plain"][-1]) == 1.0 and all(float(row[-1]) > 0 for row in rows.values())

@@ -1,0 +1,110 @@
+"""`rubric-jax plan`: a tiny model's learner compiled for TPU topologies on this CPU host (libtpu, no TPU).
+
+The per-chip argument bytes are checked against the partition rules worked out by hand from the parameter shapes
+and the mesh. Shapes are chosen so that no array is padded by TPU tiling ((8, 128) for 32-bit arrays, (32, 128)
+for bool), except the optimizer's scalar step counts, each of which takes one 512-byte TPU tile.
+"""
+
+import dataclasses
+import json
+
+import jax
+import pytest
+from flax import nnx
+
+from rubric_jax import cli
+from rubric_jax.models.config import ModelConfig, preset_config
+from rubric_jax.models.decoder import Decoder
+from rubric_jax.training import plan
+from rubric_jax.training.run_config import RLConfig
+from rubric_jax.yaml_config import load_config
+
+pytest.importorskip("libtpu")
+
+WIDTH, MLP, HEADS, KV_HEADS, HEAD, VOCAB, LAYERS = 512, 1024, 4, 2, 128, 512, 1
+TINY = ModelConfig(model_type="qwen3", vocab_size=VOCAB, hidden_size=WIDTH, intermediate_size=MLP,
+                   num_layers=LAYERS, num_heads=HEADS, num_kv_heads=KV_HEADS, head_dim=HEAD,
+                   max_position_embeddings=4096)
+PROMPT, RESPONSE, ROWS = 128, 128, 128
+# The inputs of the learner's batch that the rar recipe's step reads (jit drops the others: the rollout logprobs):
+# int32 tokens and positions, bool masks, float32 advantages and old logprobs.
+BATCH_BYTES_PER_TOKEN = 4 + 4 + 1 + 1 + 4 + 4
+TILE = 512
+# AdamW's state holds a step count, and so does its learning-rate schedule.
+OPTIMIZER_SCALARS = 2
+
+
+def _config_file(tmp_path, model: ModelConfig = TINY) -> str:
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text(json.dumps(model.to_hf_dict()))
+    path = tmp_path / "run.yaml"
+    path.write_text(f"output_dir: {tmp_path}/run\nsteps: 1\nmodel: {{path: {tmp_path}/model}}\n"
+                    f"rollout: {{prompts_per_step: {ROWS // 4}, group_size: 4, max_new_tokens: {RESPONSE}, "
+                    f"max_prompt_tokens: {PROMPT}}}\n")
+    return str(path)
+
+
+def _expected_argument_bytes(*, fsdp: int, tensor: int, data: int) -> int:
+    """Parameters, AdamW's two moments and the batch per chip, by the partition rules of `models.sharding`."""
+    def kernel(rows, cols, tensor_dim):
+        # Every 2-D kernel is split over fsdp on its model dimension and over tensor on its other one.
+        return rows * cols // fsdp // (tensor if tensor_dim else 1)
+
+    per_layer = (kernel(WIDTH, HEADS * HEAD, True) + 2 * kernel(WIDTH, KV_HEADS * HEAD, True)
+                 + kernel(HEADS * HEAD, WIDTH, True) + 3 * kernel(WIDTH, MLP, True)
+                 + 2 * WIDTH + 2 * HEAD)  # the norms are replicated
+    params = LAYERS * per_layer + 2 * kernel(VOCAB, WIDTH, True) + WIDTH  # embedding, lm_head, final norm
+    batch = ROWS // (data * fsdp) * (PROMPT + RESPONSE) * BATCH_BYTES_PER_TOKEN
+    return 3 * 4 * params + OPTIMIZER_SCALARS * TILE + batch
+
+
+@pytest.mark.parametrize("topology, mesh", [("v5e:2x2", dict(data=1, fsdp=4, tensor=1)),
+                                            ("v4:2x2x1", dict(data=1, fsdp=2, tensor=2))])
+def test_argument_bytes_follow_the_partition_rules(tmp_path, topology, mesh):
+    # XLA attention: the splash kernel adds its mask tables to the arguments.
+    overrides = ["model.attention=xla", *(f"learner.mesh.{axis}={size}" for axis, size in mesh.items())]
+    config = load_config(RLConfig, _config_file(tmp_path), overrides)
+    result = plan.plan_learner(config, TINY, topology, prompt_tokens=PROMPT)
+    assert result.chips == 4 and result.mesh == mesh
+    assert result.train.argument_bytes == _expected_argument_bytes(**mesh)
+    assert result.fits and result.attention == "xla"
+    assert result.train.flops > 0 and 0 < result.mfu_ceiling <= 1
+    assert result.step_flops >= result.model_flops == 6 * result.parameters * ROWS * (PROMPT + RESPONSE)
+
+
+def test_cli_plans_what_fits(tmp_path, capsys):
+    assert cli.main(["plan", _config_file(tmp_path), "learner.mesh.fsdp=4", "rollout.prompts_per_step=1",
+                     "--topology", "v5e:2x2"]) == 0
+    out = capsys.readouterr().out
+    assert "topology v5e:2x2: 4 chips" in out and out.endswith("fits\n")
+    assert "attention splash" in out  # "auto" on TPU for a sequence that is a multiple of 128
+
+
+def test_cli_refuses_what_does_not_fit(tmp_path, capsys):
+    # One layer, but an embedding and lm_head of 2 * 262144 * 16384 = 8.6 B parameters: with AdamW's moments
+    # 103 GB, a quarter of it on each 16 GiB chip.
+    wide = dataclasses.replace(TINY, vocab_size=262144, hidden_size=16384, num_layers=1)
+    assert cli.main(["plan", _config_file(tmp_path, wide), "learner.mesh.fsdp=4", "--topology", "v5e:2x2"]) == 1
+    captured = capsys.readouterr()
+    assert "DOES NOT FIT" in captured.out and "does not fit in v5e:2x2's HBM" in captured.err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--topology", "v9:2x2"], "expected <generation>:<shape>"),
+    (["--topology", "v5e:2x2"], "must have one device per chip of v5e:2x2 (4)"),
+    (["--topology", "v5e:2x2", "--model-preset", "GPT-9"], "unknown model preset 'GPT-9'"),
+])
+def test_cli_input_errors_exit_2_with_one_line(tmp_path, capsys, args, message):
+    assert cli.main(["plan", _config_file(tmp_path), *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("name, parameters", [
+    ("Llama-3.1-8B", 8_030_261_248),  # the model card's count
+    # Qwen2.5-7B's 7,615,616,512 less its q/k/v biases: 28 layers x (3584 + 2 * 512)
+    ("Qwen2.5-7B", 7_615_616_512 - 28 * (3584 + 2 * 512)),
+])
+def test_presets_have_the_published_parameter_counts(name, parameters):
+    abstract = nnx.eval_shape(lambda: Decoder(preset_config(name), rngs=nnx.Rngs(0)))
+    assert sum(leaf.size for leaf in jax.tree.leaves(nnx.state(abstract))) == parameters
