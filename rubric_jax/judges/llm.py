@@ -100,11 +100,6 @@ def chat_reply(body: Any) -> ChatReply:
     return ChatReply(content, finish_reason if isinstance(finish_reason, str) else None)
 
 
-def chat_content(body: Any) -> str:
-    """The assistant text of an OpenAI chat-completion body (`chat_reply`'s text)."""
-    return chat_reply(body).text
-
-
 class ChatClient:
     """Chat completions of one server: `complete(messages, schema)` returns the assistant's text."""
 

@@ -20,7 +20,7 @@ from rubric_jax.judges.llm import (
     LLMMetaVerifier,
     MetaVerifyRequest,
     RolloutLLMJudge,
-    chat_content,
+    chat_reply,
     grounded_format,
     rating_format,
     rlcer_verifier_format,
@@ -229,9 +229,9 @@ def test_criterion_judge_request_failure_fails_the_rollout(server, make_judge):
     "body",
     [None, [], {}, {"choices": []}, {"choices": [{"message": {"content": None}}]}, {"choices": [{"message": "hi"}]}],
 )
-def test_chat_content_rejects_malformed_bodies(body):
+def test_chat_reply_rejects_malformed_bodies(body):
     with pytest.raises(MalformedResponse):
-        chat_content(body)
+        chat_reply(body)
 
 
 def test_settings_validation():
