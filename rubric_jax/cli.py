@@ -75,6 +75,16 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    return value
+
+
 def _config_command(subparsers, name: str, help_text: str, default: Optional[str] = None):
     parser = subparsers.add_parser(name, help=help_text, description=help_text,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -165,6 +175,11 @@ def build_parser() -> argparse.ArgumentParser:
                                              "config.json")
     plan.add_argument("--prompt-tokens", type=_positive_int,
                       help="prompt width of the step (default: rollout.max_prompt_tokens)")
+    plan.add_argument("--hbm-gib", type=_positive_float,
+                      help="the memory budget per chip in GiB (default: the chip's HBM), to leave headroom")
+    plan.add_argument("--search", action="store_true",
+                      help="if the learner does not fit, double learner.micro_batches (then with model.remat=true) "
+                           "and learner.forward_micro_batches until it does, and print the overrides")
     parser.commands = subparsers.choices
     return parser
 
@@ -328,9 +343,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
         run_quickstart(config)
     elif args.command == "train":
-        from rubric_jax.training.rl import train_rl  # noqa: PLC0415
+        from rubric_jax.training.rl import RunStopped, train_rl  # noqa: PLC0415
 
-        train_rl(config, task)
+        try:
+            train_rl(config, task)
+        except RunStopped as error:
+            print(f"rubric-jax train: {_one_line(error)}", file=sys.stderr)
+            return 1
     elif args.command == "sft":
         from rubric_jax.training.sft import train_sft  # noqa: PLC0415
 
@@ -532,16 +551,25 @@ def _plan(args) -> int:
         prompt_tokens = args.prompt_tokens or config.rollout.max_prompt_tokens
         if prompt_tokens is None:
             raise ValueError("the config has no rollout.max_prompt_tokens: give --prompt-tokens")
-        result = plan.plan_learner(config, plan.model_config(config, args.model_preset), args.topology,
-                                   prompt_tokens=prompt_tokens)
+        model = plan.model_config(config, args.model_preset)
+        hbm_bytes = None if args.hbm_gib is None else int(args.hbm_gib * plan.GIB)
+        options = dict(prompt_tokens=prompt_tokens, hbm_bytes=hbm_bytes)
+        if args.search:
+            result, overrides = plan.search_learner(config, model, args.topology, **options,
+                                                    log=lambda line: print(f"tried: {line}", file=sys.stderr))
+        else:
+            result, overrides = plan.plan_learner(config, model, args.topology, **options), []
     except (ValueError, OSError) as error:
         print(f"rubric-jax plan: {_one_line(error)}", file=sys.stderr)
         return 2
     print(result.report())
     if not result.fits:
-        print(f"rubric-jax plan: the learner does not fit in {args.topology}'s HBM: raise learner.micro_batches, "
-              "set model.remat=true, or plan a larger topology", file=sys.stderr)
+        advice = "no micro-batch count or remat setting fits: plan a larger topology" if args.search else \
+            "raise learner.micro_batches, set model.remat=true (or try --search), or plan a larger topology"
+        print(f"rubric-jax plan: the learner does not fit in {args.topology}'s HBM: {advice}", file=sys.stderr)
         return 1
+    if args.search:
+        print("fits as configured" if not overrides else f"fits with: {' '.join(overrides)}")
     return 0
 
 

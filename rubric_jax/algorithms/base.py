@@ -322,6 +322,29 @@ def aggregate_fn(config: PolicyLossConfig) -> train_step.AggregateFn:
     return mode
 
 
+@dataclasses.dataclass(frozen=True)
+class StepShape:
+    """A step's sampling budget as a run configures it: `prompts` questions of `group_size` rollouts, prompts of
+    `prompt_tokens` (padded), responses of at most `response_tokens`, and the cap every prompt obeys
+    (`max_prompt_tokens`, None for none)."""
+
+    prompts: int
+    group_size: int
+    prompt_tokens: int
+    response_tokens: int
+    max_prompt_tokens: Optional[int] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class RoleRows:
+    """The rows one role adds to a step's learner batch, at their widest: `rows` rows of a prompt region of
+    `prompt_tokens` and a response region of `response_tokens`."""
+
+    rows: int
+    prompt_tokens: int
+    response_tokens: int
+
+
 class Algorithm(abc.ABC):
     """One paper's recipe (module docstring). Subclasses set `config_class` and implement `experience`."""
 
@@ -366,6 +389,12 @@ class Algorithm(abc.ABC):
         `rubric-jax validate` renders; the default is the task's prompt for the one policy role."""
         del placeholder
         return {"policy": task.prompt(example)}
+
+    def learner_rows(self, shape: StepShape) -> dict[str, RoleRows]:
+        """The rows of one step's learner batch by role, each role at its widest (what `training.plan` compiles:
+        `concat_batches` pads the roles to the widest prompt and the longest response). The default is the one
+        policy role: prompts x group_size rows."""
+        return {"policy": RoleRows(shape.prompts * shape.group_size, shape.prompt_tokens, shape.response_tokens)}
 
     @property
     def needs_frozen_engine(self) -> bool:

@@ -302,6 +302,20 @@ class EvoRubric(base.Algorithm):
     def policy_loss(self) -> base.PolicyLossConfig:
         return self.config.policy_loss
 
+    def learner_rows(self, shape: base.StepShape) -> dict[str, base.RoleRows]:
+        """The reasoner's rows, then (when trained) generator_group_size generator rows per question, whose prompts
+        show responses: at most the prompt cap, else the question's prompt plus the shown responses at their cap
+        (the rubrics the prompt also shows are not counted then)."""
+        rows = {"reasoner": super().learner_rows(shape)["policy"]}
+        config = self.config
+        if config.train_generator:
+            shown = (config.responses_shown or shape.group_size) * (config.shown_response_max_tokens
+                                                                     or shape.response_tokens)
+            rows["generator"] = base.RoleRows(shape.prompts * config.generator_group_size,
+                                              shape.max_prompt_tokens or shape.prompt_tokens + shown,
+                                              config.generator_max_new_tokens)
+        return rows
+
     def role_prompts(self, task: Any, example: Any, placeholder: str) -> dict[str, list[dict[str, str]]]:
         generator_prompt, _ = generator_io(task, self.config)
         return {"reasoner": task.prompt(example),

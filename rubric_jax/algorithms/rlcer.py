@@ -377,6 +377,17 @@ class RLCER(base.Algorithm):
     def uses_critic(self) -> bool:
         return self.config.estimator == "ppo_critic"
 
+    def learner_rows(self, shape: base.StepShape) -> dict[str, base.RoleRows]:
+        """The reasoner's rows, then (unless frozen) M rubricator rows per question, whose prompts hold a CoT:
+        at most the prompt cap, else the question's prompt plus a whole response."""
+        rows = {"reasoner": super().learner_rows(shape)["policy"]}
+        if self.config.rubricator_training != "frozen":
+            per_question = self.config.rubricators_per_question or shape.group_size
+            prompt = shape.max_prompt_tokens or shape.prompt_tokens + shape.response_tokens
+            rows["rubricator"] = base.RoleRows(shape.prompts * per_question, prompt,
+                                               self.config.rubricator_max_new_tokens or shape.response_tokens)
+        return rows
+
     def role_prompts(self, task: Any, example: Any, placeholder: str) -> dict[str, list[dict[str, str]]]:
         rubricator_prompt, _ = rubricator_io(task, self.config)
         return {"reasoner": task.prompt(example), "rubricator": rubricator_prompt(example, placeholder)}

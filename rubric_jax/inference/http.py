@@ -28,6 +28,7 @@ import concurrent.futures
 import dataclasses
 import json
 import logging
+import math
 import random
 import threading
 import time
@@ -226,6 +227,7 @@ class JsonHttpClient:
         self.stats = ClientStats()
         self._headers = {"Content-Type": "application/json", **(headers or {})}
         self._rng = random.Random(seed)
+        self._failures_seen: collections.Counter = collections.Counter()
         self._runner: Optional[LoopThread] = LoopThread(f"JsonHttpClient({self.base_url})")
         self._session: Optional[aiohttp.ClientSession] = None
         self._semaphore: Optional[asyncio.Semaphore] = None
@@ -283,8 +285,13 @@ class JsonHttpClient:
 
     def _count_error(self, path: str, error: _AttemptError, attempt: int) -> None:
         self.stats.errors_by_reason[error.reason] += 1
-        _LOG.warning("%s attempt %d/%d failed: %s %s", path, attempt, self.retry.max_attempts, error.reason,
-                     error.detail)
+        # Collapsed: a dead server fails every attempt of every request, so only the 1st, 10th, 100th, ...
+        # failure of each (path, reason) is a warning, with the count; the rest are debug lines.
+        self._failures_seen[path, error.reason] += 1
+        count = self._failures_seen[path, error.reason]
+        level = logging.WARNING if count == 10 ** int(math.log10(count)) else logging.DEBUG
+        _LOG.log(level, "%s%s attempt %d/%d failed: %s %s (failure %d of this kind)", self.base_url, path, attempt,
+                 self.retry.max_attempts, error.reason, error.detail, count)
 
     async def _post_json(self, path: str, body: bytes, validate: Callable[[Any], T]) -> T:
         self.stats.requests += 1
@@ -358,6 +365,17 @@ class JsonHttpClient:
         RequestFailed ("timeout" or "connection") when no answer comes. (aiohttp itself resends a GET once when
         the server drops the connection, as RFC 9112 section 9.3.1 allows for idempotent methods.)"""
         return await self._on_client_loop(self._get(path))
+
+    async def probe(self, path: str, timeout_s: float) -> tuple[int, bytes]:
+        """One GET of `path` that `stats` does not count (a check before work starts): the status and body,
+        whatever the status. RequestFailed ("timeout" or "connection") when no answer comes within `timeout_s`."""
+        return await self._on_client_loop(self._probe(path, timeout_s))
+
+    async def _probe(self, path: str, timeout_s: float) -> tuple[int, bytes]:
+        try:
+            return await self._attempt("GET", path, None, timeout_s)
+        except _AttemptError as error:
+            raise RequestFailed(path, 1, error.reason, detail=error.detail) from None
 
     async def wait_healthy(self, path: str = "/health", timeout_s: float = 600.0, *, poll_s: float = _HEALTH_POLL_S
                            ) -> None:

@@ -1,4 +1,5 @@
-"""Which kernel computes the decoder's full-sequence causal attention, and the Pallas splash attention kernel.
+"""Which kernel computes the decoder's full-sequence causal attention: the Pallas splash attention kernel on TPU,
+cuDNN's fused attention on GPU, XLA's einsums anywhere.
 
 Implementations (`Decoder(attention=...)`, a run's `model.attention`):
 - "xla": the decoder's own einsum attention over causal query blocks (`decoder.Attention._attend`); it builds the
@@ -6,7 +7,13 @@ Implementations (`Decoder(attention=...)`, a run's `model.attention`):
 - "splash": the Pallas splash attention kernel (`jax.experimental.pallas.ops.tpu.splash_attention`), flash-style
   over [block_q, block_kv] tiles of a causal mask with padding as segment ids: scores never exist in HBM. A Mosaic
   kernel on TPU; on any other platform it runs in Pallas interpret mode (slow: for numerical checks on CPU).
-- "auto": "splash" on TPU when the sequence is a multiple of SPLASH_BLOCK, else "xla".
+- "cudnn": cuDNN's fused flash attention (`jax.nn.dot_product_attention(implementation="cudnn")`, CUDA GPUs only),
+  causal with padding given as sequence lengths: each row's real tokens are moved to its front first
+  (`compacted_attention`). cuDNN takes 16-bit operands only: float32 activations (a run's policy) are attended in
+  bfloat16 and cast back, which moves logprobs by about bfloat16's precision; head width <= 128 (256 on Hopper) and
+  a multiple of 8.
+- "auto": "splash" on TPU when the sequence is a multiple of SPLASH_BLOCK; "cudnn" on GPU when the activations are
+  already 16-bit (never a silent precision change) and the head width suits it; else "xla".
 The platform is the current mesh's (`jax.set_mesh`), else the default backend's, read when the step is traced: a
 step compiled ahead of time for a TPU topology on a CPU host (`training.plan`) gets the TPU kernel. The KV-cache
 decoding path (the embedded sampler) is always XLA's.
@@ -24,7 +31,7 @@ from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_ma
 
 from rubric_jax.models import sharding
 
-IMPLEMENTATIONS = ("auto", "xla", "splash")
+IMPLEMENTATIONS = ("auto", "xla", "splash", "cudnn")
 # splash's tile along queries and keys; the sequence must be a multiple of it.
 SPLASH_BLOCK = 128
 
@@ -42,13 +49,27 @@ def current_platform() -> str:
     return jax.default_backend() if mesh.empty else mesh.abstract_device.platform
 
 
-def resolve(name: str, length: int) -> str:
-    """The kernel ("xla" or "splash") that implementation `name` uses for a full sequence of `length` tokens on
-    the current platform (module docstring). ValueError when "splash" is asked for a length it cannot tile."""
+def _cudnn_head_width_fits(head_width: int) -> bool:
+    # cuDNN's flash attention: a multiple of 8, at most 128 (256 from Hopper on; 128 is safe on every GPU).
+    return head_width % 8 == 0 and head_width <= 128
+
+
+def resolve(name: str, length: int, *, head_width: int, dtype) -> str:
+    """The kernel ("xla", "splash" or "cudnn") that implementation `name` uses for a full sequence of `length`
+    tokens of heads `head_width` wide, activations of `dtype`, on the current platform (module docstring).
+    ValueError when "splash" is asked for a length it cannot tile, or "cudnn" for a head width it cannot take."""
     if name == "auto":
-        return "splash" if current_platform() == "tpu" and length % SPLASH_BLOCK == 0 else "xla"
+        platform = current_platform()
+        if platform == "tpu" and length % SPLASH_BLOCK == 0:
+            return "splash"
+        if platform in ("gpu", "cuda") and jnp.dtype(dtype).itemsize == 2 and _cudnn_head_width_fits(head_width):
+            return "cudnn"
+        return "xla"
     if name == "splash" and length % SPLASH_BLOCK:
         raise ValueError(f"splash attention needs a sequence length that is a multiple of {SPLASH_BLOCK}, got {length}")
+    if name == "cudnn" and not _cudnn_head_width_fits(head_width):
+        raise ValueError(f"cudnn attention needs a head width that is a multiple of 8 and at most 128, "
+                         f"got {head_width}")
     return name
 
 
@@ -87,3 +108,49 @@ def splash_attention(q_bthk: jax.Array, k_bnsk: jax.Array, v_bnsk: jax.Array, va
         local = jax.shard_map(local, mesh=mesh, in_specs=(heads_spec, heads_spec, heads_spec, rows_spec),
                               out_specs=heads_spec, check_vma=False)
     return jnp.swapaxes(local(q_bhtk, k_bnsk, v_bnsk, segment_bt), 1, 2)
+
+
+def _compacted_local(q_bthk: jax.Array, k_bnsk: jax.Array, v_bnsk: jax.Array, valid_bt: jax.Array,
+                     implementation: str) -> jax.Array:
+    # A stable sort of each row by padding moves its real tokens to the front in their order, so causality among
+    # them is unchanged and the padding becomes the sequence lengths the kernel understands.
+    order_bt = jnp.argsort(~valid_bt, axis=1, stable=True)
+    restore_bt = jnp.argsort(order_bt, axis=1)
+    # At least 1: a row of padding only (rows added to fill a batch) attends to one key, never to none.
+    lengths_b = jnp.maximum(valid_bt.sum(axis=1), 1).astype(jnp.int32)
+
+    def by_rows(x_btnk, index_bt):
+        return jnp.take_along_axis(x_btnk, index_bt[:, :, None, None], axis=1)
+
+    # cuDNN takes 16-bit operands only.
+    attended_dtype = jnp.bfloat16 if implementation == "cudnn" and jnp.dtype(q_bthk.dtype).itemsize != 2 \
+        else q_bthk.dtype
+    q, k, v = (by_rows(x_btnk, order_bt).astype(attended_dtype)
+               for x_btnk in (q_bthk, jnp.swapaxes(k_bnsk, 1, 2), jnp.swapaxes(v_bnsk, 1, 2)))
+    out_bthk = jax.nn.dot_product_attention(q, k, v, is_causal=True, query_seq_lengths=lengths_b,
+                                            key_value_seq_lengths=lengths_b, implementation=implementation)
+    return by_rows(out_bthk, restore_bt).astype(q_bthk.dtype)
+
+
+def compacted_attention(q_bthk: jax.Array, k_bnsk: jax.Array, v_bnsk: jax.Array, valid_bt: jax.Array, *,
+                        implementation: str = "cudnn") -> jax.Array:
+    """Causal grouped-query attention softmax(q k / sqrt(k_width), masked) v [B, T, H, k] by
+    `jax.nn.dot_product_attention(implementation=...)` ("cudnn" on GPU; "xla" runs the same arrangement anywhere,
+    for checks on CPU), whose padding masks are sequence lengths (real tokens first).
+
+    Shapes as in `splash_attention`; valid_bt [B, T] 1 for real tokens, anywhere in the row (left, right or gaps).
+    Each row's real tokens are gathered to its front in order (a stable argsort), attended with causal and length
+    masks, and scattered back, so a real query attends to exactly the real keys at or before it, as in the XLA
+    path; a padded query's output is meaningless but finite. For "cudnn", operands are cast to bfloat16 unless
+    already 16-bit (cuDNN's requirement), and the output back to q's dtype. Under a mesh the kernel runs per shard
+    (`shard_map`), as splash does."""
+    local = functools.partial(_compacted_local, implementation=implementation)
+    mesh = jax.sharding.get_abstract_mesh()
+    if not mesh.empty:
+        heads_spec = sharding.fit_spec((sharding.BATCH_AXES, "tensor", None, None), k_bnsk.shape, dict(mesh.shape))
+        rows, heads = heads_spec[0], heads_spec[1]
+        P = jax.sharding.PartitionSpec
+        local = jax.shard_map(local, mesh=mesh, in_specs=(P(rows, None, heads, None), heads_spec, heads_spec,
+                                                          P(rows, None)),
+                              out_specs=P(rows, None, heads, None), check_vma=False)
+    return local(q_bthk, k_bnsk, v_bnsk, valid_bt.astype(bool))

@@ -218,9 +218,11 @@ class Attention(nnx.Module):
         keys_bnsk, values_bnsk = k_bnsk.astype(self.dtype), v_bnsk.astype(self.dtype)
         if cache_kv is not None:
             out_btngk = self._attend(q_btngk, keys_bnsk, values_bnsk, mask_bts)
-        elif attention.resolve(self.implementation, length) == "splash":
+        elif (kernel := attention.resolve(self.implementation, length, head_width=self.head_dim,
+                                          dtype=self.dtype)) != "xla":
             # Without a cache S = T, and the last query's row of the causal mask is every row's validity.
-            out_bthk = attention.splash_attention(q_bthk, keys_bnsk, values_bnsk, mask_bts[:, -1, :])
+            fused = attention.splash_attention if kernel == "splash" else attention.compacted_attention
+            out_bthk = fused(q_bthk, keys_bnsk, values_bnsk, mask_bts[:, -1, :])
             out_btngk = out_bthk.reshape(q_btngk.shape)
         else:
             # Causal without a cache: the queries of block [start, stop) attend to keys [0, stop) only, which

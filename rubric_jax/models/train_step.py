@@ -161,6 +161,12 @@ def _deal_rows(batch: Batch, micro_batches: int) -> Batch:
     return jax.tree.map(deal, batch)
 
 
+def _undeal_rows(x_mb: jax.Array) -> jax.Array:
+    """The inverse of `_deal_rows` for one array: [M, B / M, ...] -> [B, ...]."""
+    rows = jnp.swapaxes(x_mb, 0, 1)
+    return sharding.shard_activations(rows.reshape(-1, *x_mb.shape[2:]), ("batch",) + (None,) * (x_mb.ndim - 2))
+
+
 def _on_mesh(jitted: Callable, mesh: Mesh, prepare: Callable[..., tuple] = lambda *args: args) -> Callable:
     """`jitted(*prepare(*args))` called under `jax.set_mesh(mesh)`, so the decoder's `shard_activations` hook takes
     effect; its `.lower(*args)` lowers the same call ahead of time (arguments may be `jax.ShapeDtypeStruct`s with
@@ -293,13 +299,29 @@ def make_forward_fn(
     mesh: Mesh,
     abstract_params: Any,
     rules: Sequence[sharding.PartitionRule],
+    micro_batches: int = 1,
 ) -> Callable[[nnx.State, Batch], jax.Array]:
     """Returns fn(params, batch) -> forward(model, batch), a [B, T] array with rows sharded as the batch, jitted
-    over `mesh`, without gradients; the batch is cut to the POLICY_INPUTS it reads."""
+    over `mesh`, without gradients; the batch is cut to the POLICY_INPUTS it reads. With `micro_batches = M` the
+    rows are dealt into M micro-batches as the train step deals them and run one after another (`lax.scan`), so
+    the pass's activations are those of B / M rows; each row's result does not depend on M (up to float summation
+    order). B must be divisible by M * data * fsdp."""
+    if not isinstance(micro_batches, int) or micro_batches < 1:
+        raise ValueError(f"micro_batches must be an int >= 1, got {micro_batches!r}")
     param_shardings = sharding.param_shardings(abstract_params, mesh, rules)
     batch_sharding = sharding.batch_sharding(mesh)
-    jitted = jax.jit(lambda params, batch: forward(nnx.merge(graphdef, params), batch),
-                     in_shardings=(param_shardings, batch_sharding), out_shardings=batch_sharding)
+
+    def run(params, batch):
+        if micro_batches == 1:
+            return forward(nnx.merge(graphdef, params), batch)
+        def body(params, micro_batch):
+            return params, forward(nnx.merge(graphdef, params), micro_batch)
+
+        # The parameters ride in the carry: a module merged from values closed over from outside the loop cannot
+        # be remat-ed inside it (flax's trace-level check).
+        return _undeal_rows(jax.lax.scan(body, params, _deal_rows(batch, micro_batches))[1])
+
+    jitted = jax.jit(run, in_shardings=(param_shardings, batch_sharding), out_shardings=batch_sharding)
 
     return _on_mesh(jitted, mesh, lambda params, batch: (params, {key: batch[key] for key in POLICY_INPUTS}))
 
@@ -313,10 +335,12 @@ def make_logprobs_fn(
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     temperature: float = 1.0,
     first_scored: int = 1,
+    micro_batches: int = 1,
 ) -> Callable[[nnx.State, Batch], jax.Array]:
     """Returns logprobs(params, batch) -> logp_bt (float32 [B, T], rows sharded as the batch): the policy's
-    `sequence_logprobs` of the batch's response tokens, without gradients. The learner's old logprobs (the
-    policy before this batch's updates) and the frozen reference policy's logprobs for KL."""
+    `sequence_logprobs` of the batch's response tokens, without gradients, over `micro_batches` sequential
+    micro-batches (`make_forward_fn`). The learner's old logprobs (the policy before this batch's updates) and the
+    frozen reference policy's logprobs for KL."""
 
     def logprobs(model, batch):
         logp_bt, _ = sequence_logprobs(
@@ -328,7 +352,8 @@ def make_logprobs_fn(
         )
         return logp_bt
 
-    return make_forward_fn(graphdef, logprobs, mesh=mesh, abstract_params=abstract_params, rules=rules)
+    return make_forward_fn(graphdef, logprobs, mesh=mesh, abstract_params=abstract_params, rules=rules,
+                           micro_batches=micro_batches)
 
 
 def pack_sequences(

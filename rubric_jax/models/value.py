@@ -67,15 +67,17 @@ def sequence_values(
 
 def make_values_fn(
     graphdef: nnx.GraphDef, *, mesh: Mesh, abstract_params: Any, rules: Sequence[sharding.PartitionRule],
-    first_scored: int = 1,
+    first_scored: int = 1, micro_batches: int = 1,
 ) -> Callable[[nnx.State, train_step.Batch], jax.Array]:
     """Returns values(params, batch) -> values_bt (float32 [B, T], rows sharded as the batch): the critic's
-    `sequence_values` of the batch's response tokens, without gradients (the old values of a PPO step)."""
+    `sequence_values` of the batch's response tokens, without gradients (the old values of a PPO step), over
+    `micro_batches` sequential micro-batches (`train_step.make_forward_fn`)."""
 
     def values(model, batch):
         return sequence_values(model, *(batch[key] for key in train_step.POLICY_INPUTS), first_scored=first_scored)
 
-    return train_step.make_forward_fn(graphdef, values, mesh=mesh, abstract_params=abstract_params, rules=rules)
+    return train_step.make_forward_fn(graphdef, values, mesh=mesh, abstract_params=abstract_params, rules=rules,
+                                      micro_batches=micro_batches)
 
 
 def make_value_train_step(

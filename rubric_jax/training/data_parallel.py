@@ -70,8 +70,8 @@ def _max_over_processes(values: Sequence[int]) -> list[int]:
 def align_batch(batch: Mapping[str, np.ndarray], prompt_width: int, pad_id: int, rows_multiple: int
                 ) -> tuple[dict[str, np.ndarray], int]:
     """(this process's share of the step's batch in the shape every process agrees on, the common prompt width),
-    module docstring. `rows_multiple` is what the global batch's rows must be a multiple of (mini-batches x
-    micro-batches x the mesh's batch shards); the number of processes must divide it. Every process must call it
+    module docstring. `rows_multiple` is what the global batch's rows must be a multiple of
+    (`run_config.LearnerConfig.row_multiple`); the number of processes must divide it. Every process must call it
     (an all-gather)."""
     count = jax.process_count()
     if rows_multiple % count:

@@ -28,7 +28,7 @@ from typing import Iterator, Mapping, Optional, Sequence, TextIO, Union
 import numpy as np
 
 METRICS_FILE = "metrics.jsonl"
-DEFAULT_CONSOLE_KEYS = ("reward/mean", "train/loss", "train/grad_norm", "train/entropy")
+DEFAULT_CONSOLE_KEYS = ("reward/mean", "judge/failure_rate", "train/loss", "train/grad_norm", "train/entropy")
 
 
 def _scalar(key: str, value) -> Union[int, float]:

@@ -7,12 +7,16 @@ rules, the policy's attention kernel and remat) are lowered on `jax.ShapeDtypeSt
 those chips and compiled by XLA's TPU compiler. The model is `nnx.eval_shape`d: no weights are read.
 
 Conventions:
-- One train step is one optimizer update: a mini-batch of prompts_per_step * group_size / mini_batches rows of
-  T = prompt_tokens + rollout.max_new_tokens tokens. The logprob function runs over all the step's rows. Rows a
-  recipe adds for a second role (a rubricator's, a generator's) are not counted.
-- Bytes are per chip (`compiled.memory_analysis()`): arguments, temporaries, outputs, and their total, peak HBM
-  use, counting a donated argument once (outputs aliased to it are not new memory). A step fits when its total
-  is at most the chip's HBM.
+- One train step is one optimizer update: a mini-batch of the step's rows, each role's at its widest
+  (`Algorithm.learner_rows`: the policy's prompts_per_step * group_size rows of prompt_tokens +
+  rollout.max_new_tokens, a second role's rubricator or generator rows), padded as a run pads them. The logprob
+  function runs over all the step's rows, in `learner.forward_micro_batches` micro-batches. A recipe with a critic
+  also gets the critic's update and values pass compiled.
+- Bytes are per chip (`compiled.memory_analysis()`): arguments, temporaries, outputs, counting a donated argument
+  once (outputs aliased to it are not new memory), plus the learner state that is not the phase's argument but
+  stays in HBM (`Phase.resident_bytes`): their sum is the phase's peak. A phase fits when its peak is at most
+  the chip's HBM (or a smaller budget, `hbm_bytes`). `search_learner` finds the fewest micro-batches (and remat)
+  that fit.
 - FLOPs: XLA's count (`compiled.cost_analysis()`, per chip) times the chips and the micro-batches (XLA counts a
   loop body once). The model's FLOPs are 6 * N * tokens (forward and backward, N the parameter count, attention
   not counted). The step's FLOPs are the larger of the two (XLA's count misses the splash kernel and counts the
@@ -21,8 +25,10 @@ Conventions:
 """
 
 import dataclasses
+import math
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Optional
 
@@ -30,10 +36,12 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from rubric_jax.algorithms.base import RoleRows, StepShape
 from rubric_jax.algorithms.registry import algorithm_class
 from rubric_jax.models import attention, sharding, train_step
 from rubric_jax.models.config import ModelConfig, preset_config
 from rubric_jax.models.decoder import Decoder
+from rubric_jax.models.value import ValueModel, make_value_train_step, make_values_fn
 from rubric_jax.training import policy
 from rubric_jax.training.optim import make_optimizer
 from rubric_jax.training.run_config import RLConfig, resolve_algorithm
@@ -97,12 +105,33 @@ class Compiled:
     def total_bytes(self) -> int:
         return self.argument_bytes + self.temp_bytes + self.output_bytes - self.alias_bytes
 
+
+
+@dataclasses.dataclass(frozen=True)
+class Phase:
+    """One compiled function of the learner ("train step", "logprobs", "critic update", "critic values") and the
+    learner state that stays in HBM beside its arguments while it runs (`resident_bytes` per chip: the optimizer
+    state during a forward pass, a KL reference, a critic and its optimizer state)."""
+
+    name: str
+    compiled: Compiled
+    resident_bytes: int
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.compiled.total_bytes + self.resident_bytes
+
+    def fits_in(self, hbm_bytes: int) -> bool:
+        return self.compiled.out_of_memory is None and self.peak_bytes <= hbm_bytes
+
     def describe(self, hbm_bytes: int) -> str:
-        if self.out_of_memory is not None:
-            return f"DOES NOT FIT: {self.out_of_memory}"
-        return (f"arguments {_gib(self.argument_bytes)}, temporaries {_gib(self.temp_bytes)}, outputs "
-                f"{_gib(self.output_bytes)} ({_gib(self.alias_bytes)} donated), total {_gib(self.total_bytes)} = "
-                f"{self.total_bytes / hbm_bytes:.0%} of HBM; compiled in {self.compile_s:.0f} s")
+        c = self.compiled
+        if c.out_of_memory is not None:
+            return f"DOES NOT FIT: {c.out_of_memory}"
+        return (f"arguments {_gib(c.argument_bytes)}, temporaries {_gib(c.temp_bytes)}, "
+                f"outputs {_gib(c.output_bytes)} ({_gib(c.alias_bytes)} donated), other state "
+                f"{_gib(self.resident_bytes)}; peak {_gib(self.peak_bytes)} = {self.peak_bytes / hbm_bytes:.0%} of "
+                f"HBM; compiled in {c.compile_s:.0f} s")
 
 
 def _gib(n: float) -> str:
@@ -127,20 +156,34 @@ def compile_stats(function: Any, *args: Any) -> Compiled:
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """A learner compiled for a topology (module docstring): its shapes and what XLA reports."""
+    """A learner compiled for a topology (module docstring): its shapes, the learner state per chip, and each
+    compiled phase (the train step, the logprob pass, and a critic's update and values when the recipe has one)."""
 
     topology: str
     chip: Chip
     mesh: dict[str, int]
     parameters: int
+    roles: dict[str, RoleRows]
     rows: int
     logprob_rows: int
     length: int
     micro_batches: int
+    forward_micro_batches: int
     remat: bool
     attention: str
-    train: Compiled
-    logprobs: Compiled
+    state_bytes: dict[str, int]
+    phases: tuple[Phase, ...]
+
+    def phase(self, name: str) -> Phase:
+        return next(phase for phase in self.phases if phase.name == name)
+
+    @property
+    def train(self) -> Compiled:
+        return self.phase("train step").compiled
+
+    @property
+    def logprobs(self) -> Compiled:
+        return self.phase("logprobs").compiled
 
     @property
     def chips(self) -> int:
@@ -148,8 +191,7 @@ class Plan:
 
     @property
     def fits(self) -> bool:
-        return all(c.out_of_memory is None and c.total_bytes <= self.chip.hbm_bytes
-                   for c in (self.train, self.logprobs))
+        return all(phase.fits_in(self.chip.hbm_bytes) for phase in self.phases)
 
     @property
     def model_flops(self) -> float:
@@ -179,13 +221,18 @@ class Plan:
         """The plan as a few lines of text."""
         hbm = self.chip.hbm_bytes
         mesh = " x ".join(f"{name} {size}" for name, size in self.mesh.items())
+        roles = ", ".join(f"{name} {r.rows} x ({r.prompt_tokens} + {r.response_tokens})"
+                          for name, r in self.roles.items())
+        state = ", ".join(f"{name} {_gib(size)}" for name, size in self.state_bytes.items())
         lines = [
             f"topology {self.topology}: {self.chips} chips, mesh {mesh}, {_gib(hbm)} HBM and "
             f"{self.chip.peak_flops / 1e12:.0f} TFLOP/s bf16 per chip",
-            f"model: {self.parameters / 1e9:.2f} B parameters; train step: {self.rows} rows x {self.length} tokens, "
-            f"{self.micro_batches} micro-batches, remat {'on' if self.remat else 'off'}, attention {self.attention}",
-            f"train step per chip: {self.train.describe(hbm)}",
-            f"logprobs ({self.logprob_rows} rows) per chip: {self.logprobs.describe(hbm)}",
+            f"model: {self.parameters / 1e9:.2f} B parameters; rows per step: {roles}; learner state per chip: "
+            f"{state}",
+            f"train step: {self.rows} rows x {self.length} tokens, {self.micro_batches} micro-batches, remat "
+            f"{'on' if self.remat else 'off'}, attention {self.attention}; logprobs: {self.logprob_rows} rows, "
+            f"{self.forward_micro_batches} micro-batches",
+            *(f"{phase.name} per chip: {phase.describe(hbm)}" for phase in self.phases),
         ]
         if self.train.out_of_memory is None:
             lines.append(f"FLOPs per train step: compiled {self.compiled_flops:.3e}, 6 N tokens "
@@ -199,53 +246,218 @@ def _abstract(tree: Any, shardings: Any) -> Any:
     return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
 
 
-def _abstract_batch(rows: int, length: int, with_reference: bool, mesh: Any) -> dict[str, jax.ShapeDtypeStruct]:
-    """The learner's batch (`algorithms.base`'s Experience.batch plus the old and reference logprobs)."""
+def _abstract_batch(rows: int, length: int, keys: tuple[str, ...], mesh: Any) -> dict[str, jax.ShapeDtypeStruct]:
+    """The learner's batch arrays `keys` (`algorithms.base`'s Experience.batch plus what the learner adds)."""
     dtypes = {"tokens_bt": jnp.int32, "positions_bt": jnp.int32, "attention_mask_bt": jnp.bool_,
-              "response_mask_bt": jnp.bool_, "advantages_bt": jnp.float32, "rollout_logp_bt": jnp.float32,
-              "old_logp_bt": jnp.float32, **({"ref_logp_bt": jnp.float32} if with_reference else {})}
+              "response_mask_bt": jnp.bool_}
     rows_sharding = sharding.batch_sharding(mesh)
-    return {key: jax.ShapeDtypeStruct((rows, length), dtype, sharding=rows_sharding) for key, dtype in dtypes.items()}
+    return {key: jax.ShapeDtypeStruct((rows, length), dtypes.get(key, jnp.float32), sharding=rows_sharding)
+            for key in keys}
 
 
-def plan_learner(config: RLConfig, model_config: ModelConfig, topology: str, *, prompt_tokens: int) -> Plan:
-    """Compiles `config`'s learner for `model_config` on `topology` (module docstring), prompts padded to
-    `prompt_tokens` (the step's first scored position). ValueError when the config's mesh does not have one device
-    per chip of the topology."""
+def _per_chip_bytes(tree: Any) -> int:
+    """Bytes of one chip's shards of a tree of sharded `ShapeDtypeStruct`s (TPU tile padding not counted)."""
+    return sum(math.prod(leaf.sharding.shard_shape(leaf.shape)) * leaf.dtype.itemsize
+               for leaf in jax.tree.leaves(tree))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Learner:
+    """The learner's abstract state and jitted functions for one config on one topology, built as `rl._Learner`
+    builds them; `state_bytes` its state per chip by name."""
+
+    config: RLConfig
+    topology: str
+    chip: Chip
+    mesh: Any
+    parameters: int
+    roles: dict[str, RoleRows]
+    rows: int
+    length: int
+    attention: str
+    state: dict[str, Any]
+    functions: dict[str, tuple[Any, tuple[str, ...], dict[str, jax.ShapeDtypeStruct]]]
+
+    @property
+    def state_bytes(self) -> dict[str, int]:
+        return {name: _per_chip_bytes(tree) for name, tree in self.state.items()}
+
+    def phase(self, name: str) -> Phase:
+        """Compiles function `name` on its state arguments and batch; the rest of the state is resident."""
+        function, arguments, batch = self.functions[name]
+        compiled = compile_stats(function, *(self.state[key] for key in arguments), batch)
+        state_bytes = self.state_bytes
+        return Phase(name, compiled, sum(state_bytes.values()) - sum(state_bytes[key] for key in arguments))
+
+
+UPDATE_PHASES = ("train step", "critic update")
+FORWARD_PHASES = ("logprobs", "critic values")
+POLICY_BATCH = train_step.POLICY_INPUTS + ("advantages_bt", "rollout_logp_bt", "old_logp_bt")
+CRITIC_BATCH = train_step.POLICY_INPUTS + ("old_values_bt", "returns_bt")
+
+
+def _learner(config: RLConfig, model_config: ModelConfig, topology: str, prompt_tokens: int,
+             hbm_bytes: Optional[int]) -> _Learner:
     chip, devices = topology_devices(topology)
-    mesh_config = config.learner.mesh
+    if hbm_bytes is not None:
+        chip = dataclasses.replace(chip, hbm_bytes=hbm_bytes)
+    learner, rollout = config.learner, config.rollout
+    mesh_config = learner.mesh
     if mesh_config.data * mesh_config.fsdp * mesh_config.tensor != len(devices):
         raise ValueError(f"learner.mesh (data {mesh_config.data} x fsdp {mesh_config.fsdp} x tensor "
                          f"{mesh_config.tensor}) must have one device per chip of {topology} ({len(devices)}): "
                          f"override it, e.g. learner.mesh.fsdp={len(devices)}")
     mesh = sharding.make_mesh(mesh_config.data, mesh_config.fsdp, mesh_config.tensor, devices=devices)
-    algorithm_config, config = resolve_algorithm(config)
-    algorithm = algorithm_class(config.algorithm.name)(algorithm_config)
-    options = policy.decoder_options(config.model)
-    graphdef, abstract_params = nnx.split(nnx.eval_shape(lambda: Decoder(model_config, rngs=nnx.Rngs(0), **options)))
-    optimizer = make_optimizer(config.optimizer)
+    algorithm_config, resolved = resolve_algorithm(config)
+    algorithm = algorithm_class(resolved.algorithm.name)(algorithm_config)
+    roles = algorithm.learner_rows(StepShape(rollout.prompts_per_step, rollout.group_size, prompt_tokens,
+                                             rollout.max_new_tokens, rollout.max_prompt_tokens))
+    # As `concat_batches` and `data_parallel.align_batch` shape the step's batch: the widest prompt region, the
+    # longest response region, rows padded to the learner's multiple.
+    prompt_width = max(role.prompt_tokens for role in roles.values())
+    length = prompt_width + max(role.response_tokens for role in roles.values())
+    rows = -(-sum(role.rows for role in roles.values()) // learner.row_multiple) * learner.row_multiple
+    options = policy.decoder_options(resolved.model)
+    abstract_model = nnx.eval_shape(lambda: Decoder(model_config, rngs=nnx.Rngs(0), **options))
+    graphdef, abstract_params = nnx.split(abstract_model)
     rules = sharding.partition_rules(model_config)
-    params = _abstract(abstract_params, sharding.param_shardings(abstract_params, mesh, rules))
-    opt_state = jax.eval_shape(optimizer.init, abstract_params)
-    opt_state = _abstract(opt_state, sharding.param_shardings(opt_state, mesh, rules))
 
-    learner, rollout = config.learner, config.rollout
-    # As `rl._Learner.steps` builds them.
-    common = dict(mesh=mesh, abstract_params=abstract_params, rules=rules, chunk_size=learner.chunk_size,
-                  temperature=rollout.temperature, first_scored=prompt_tokens)
-    update = train_step.make_train_step(graphdef, optimizer, algorithm.loss_fn(), aggregate=algorithm.aggregate(),
-                                        micro_batches=learner.micro_batches, **common)
-    logprobs = train_step.make_logprobs_fn(graphdef, **common)
-    length, rows = prompt_tokens + rollout.max_new_tokens, rollout.batch_size
-    batch = _abstract_batch(rows // learner.mini_batches, length, algorithm.needs_reference, mesh)
-    train = compile_stats(update, params, opt_state, batch)
-    logprob_stats = compile_stats(logprobs, params, _abstract_batch(rows, length, False, mesh))
+    def sharded(tree):
+        return _abstract(tree, sharding.param_shardings(tree, mesh, rules))
+
+    optimizer = make_optimizer(resolved.optimizer)
+    state = {"policy": sharded(abstract_params), "optimizer": sharded(jax.eval_shape(optimizer.init, abstract_params))}
+    if algorithm.needs_reference:
+        state["reference"] = state["policy"]
+    common = dict(mesh=mesh, rules=rules, first_scored=prompt_width)
+    policy_common = dict(abstract_params=abstract_params, chunk_size=learner.chunk_size,
+                         temperature=rollout.temperature, **common)
+    batch_keys = POLICY_BATCH + (("ref_logp_bt",) if algorithm.needs_reference else ())
+    functions = {
+        "train step": (train_step.make_train_step(graphdef, optimizer, algorithm.loss_fn(),
+                                                  aggregate=algorithm.aggregate(),
+                                                  micro_batches=learner.micro_batches, **policy_common),
+                       ("policy", "optimizer"),
+                       _abstract_batch(rows // learner.mini_batches, length, batch_keys, mesh)),
+        "logprobs": (train_step.make_logprobs_fn(graphdef, micro_batches=learner.forward_splits, **policy_common),
+                     ("policy",), _abstract_batch(rows, length, train_step.POLICY_INPUTS, mesh)),
+    }
+    if algorithm.uses_critic:
+        critic_graphdef, abstract_critic = nnx.split(nnx.eval_shape(
+            lambda: ValueModel(Decoder(model_config, rngs=nnx.Rngs(0), **options), rngs=nnx.Rngs(0))))
+        critic_optimizer = make_optimizer(resolved.critic.optimizer)
+        state["critic"] = sharded(abstract_critic)
+        state["critic optimizer"] = sharded(jax.eval_shape(critic_optimizer.init, abstract_critic))
+        functions["critic update"] = (
+            make_value_train_step(critic_graphdef, critic_optimizer, clip=resolved.critic.value_clip,
+                                  aggregate=algorithm.aggregate(), micro_batches=learner.micro_batches,
+                                  abstract_params=abstract_critic, **common),
+            ("critic", "critic optimizer"), _abstract_batch(rows // learner.mini_batches, length, CRITIC_BATCH, mesh))
+        functions["critic values"] = (
+            make_values_fn(critic_graphdef, micro_batches=learner.forward_splits, abstract_params=abstract_critic,
+                           **common),
+            ("critic",), _abstract_batch(rows, length, train_step.POLICY_INPUTS, mesh))
     with jax.set_mesh(mesh):
-        kernel = attention.resolve(config.model.attention, length)
-    return Plan(topology=topology, chip=chip, mesh=dict(mesh.shape), parameters=_count(abstract_params),
-                rows=rows // learner.mini_batches, logprob_rows=rows, length=length,
-                micro_batches=learner.micro_batches, remat=config.model.remat, attention=kernel,
-                train=train, logprobs=logprob_stats)
+        kernel = attention.resolve(resolved.model.attention, length, head_width=model_config.head_dim,
+                                   dtype=abstract_model.dtype)
+    return _Learner(config=config, topology=topology, chip=chip, mesh=mesh, parameters=_count(abstract_params),
+                    roles=roles, rows=rows, length=length, attention=kernel, state=state, functions=functions)
+
+
+def _update_phases(learner: _Learner) -> list[Phase]:
+    return [learner.phase(name) for name in UPDATE_PHASES if name in learner.functions]
+
+
+def _forward_phases(learner: _Learner) -> list[Phase]:
+    return [learner.phase(name) for name in FORWARD_PHASES if name in learner.functions]
+
+
+def _plan(update_learner: _Learner, forward_learner: _Learner, phases: Sequence[Phase]) -> Plan:
+    update_config = update_learner.config
+    return Plan(topology=update_learner.topology, chip=update_learner.chip, mesh=dict(update_learner.mesh.shape),
+                parameters=update_learner.parameters, roles=update_learner.roles,
+                rows=update_learner.rows // update_config.learner.mini_batches, logprob_rows=forward_learner.rows,
+                length=update_learner.length, micro_batches=update_config.learner.micro_batches,
+                forward_micro_batches=forward_learner.config.learner.forward_splits,
+                remat=update_config.model.remat, attention=update_learner.attention,
+                state_bytes=update_learner.state_bytes, phases=tuple(phases))
+
+
+def plan_learner(config: RLConfig, model_config: ModelConfig, topology: str, *, prompt_tokens: int,
+                 hbm_bytes: Optional[int] = None) -> Plan:
+    """Compiles `config`'s learner for `model_config` on `topology` (module docstring), the policy's prompts
+    padded to `prompt_tokens` (a second role's prompts to their widest, `Algorithm.learner_rows`); `hbm_bytes`
+    replaces the chip's HBM as the budget a step must fit in (headroom). ValueError when the config's mesh does
+    not have one device per chip of the topology."""
+    learner = _learner(config, model_config, topology, prompt_tokens, hbm_bytes)
+    return _plan(learner, learner, _update_phases(learner) + _forward_phases(learner))
+
+
+def _changed(config: RLConfig, *, remat: Optional[bool] = None, micro_batches: Optional[int] = None,
+             forward_micro_batches: Optional[int] = None) -> Optional[RLConfig]:
+    """`config` with these values, or None where its rows do not split into them (`RLConfig`'s check)."""
+    learner = config.learner
+    try:
+        return dataclasses.replace(
+            config, model=dataclasses.replace(config.model, remat=config.model.remat if remat is None else remat),
+            learner=dataclasses.replace(
+                learner, micro_batches=micro_batches or learner.micro_batches,
+                forward_micro_batches=forward_micro_batches or learner.forward_micro_batches))
+    except ValueError:
+        return None
+
+
+def search_learner(config: RLConfig, model_config: ModelConfig, topology: str, *, prompt_tokens: int,
+                   hbm_bytes: Optional[int] = None, log: Any = lambda line: None) -> tuple[Plan, list[str]]:
+    """The smallest change of `config` whose learner fits, found by compiling (`plan_learner`):
+    - the updates (the train step, and a critic's): `learner.micro_batches` doubled until they fit or the
+      mini-batch's rows no longer split over the micro-batches and the mesh's batch shards; then, if remat was off,
+      the same from the config's micro-batches with `model.remat=true` (remat costs a forward pass of compute,
+      more micro-batches only smaller matmuls, so micro-batches come first);
+    - the passes without gradients (logprobs, a critic's values): `learner.forward_micro_batches` doubled likewise
+      (remat does not change them).
+    Returns (the plan of the first fit of each, or of the last candidate tried, and the overrides that changed,
+    e.g. ["learner.micro_batches=256", "learner.forward_micro_batches=64"]). `log(line)` hears of each compile."""
+
+    def fit(phases: Sequence[Phase], chip: Chip) -> bool:
+        return all(phase.fits_in(chip.hbm_bytes) for phase in phases)
+
+    def tried(phases: Sequence[Phase], chip: Chip, setting: str) -> None:
+        for phase in phases:
+            log(f"{phase.name}, {setting}: {phase.describe(chip.hbm_bytes)}")
+
+    # Forward micro-batches stay as they are while the updates' are searched (by default they follow them).
+    base = _changed(config, forward_micro_batches=config.learner.forward_splits)
+    update_learner = updates = None
+    for remat in dict.fromkeys((config.model.remat, True)):
+        candidate = _changed(base, remat=remat)
+        while candidate is not None:
+            update_learner = _learner(candidate, model_config, topology, prompt_tokens, hbm_bytes)
+            updates = _update_phases(update_learner)
+            tried(updates, update_learner.chip,
+                  f"remat {'on' if remat else 'off'}, {candidate.learner.micro_batches} micro-batches")
+            if fit(updates, update_learner.chip):
+                break
+            candidate = _changed(candidate, micro_batches=2 * candidate.learner.micro_batches)
+        if fit(updates, update_learner.chip):
+            break
+    candidate = update_learner.config
+    while candidate is not None:
+        forward_learner = _learner(candidate, model_config, topology, prompt_tokens, hbm_bytes)
+        forwards = _forward_phases(forward_learner)
+        tried(forwards, forward_learner.chip, f"{candidate.learner.forward_splits} micro-batches")
+        if fit(forwards, forward_learner.chip):
+            break
+        candidate = _changed(candidate, forward_micro_batches=2 * candidate.learner.forward_splits)
+    plan = _plan(update_learner, forward_learner, updates + forwards)
+    overrides = []
+    if plan.remat != config.model.remat:
+        overrides.append("model.remat=true")
+    if plan.micro_batches != config.learner.micro_batches:
+        overrides.append(f"learner.micro_batches={plan.micro_batches}")
+    if plan.forward_micro_batches != config.learner.forward_splits:
+        overrides.append(f"learner.forward_micro_batches={plan.forward_micro_batches}")
+    return plan, overrides
 
 
 def _count(abstract_params: Any) -> int:

@@ -50,6 +50,8 @@ batch), the judged-rollout files (its share) and the final model; each process k
 import concurrent.futures
 import contextlib
 import dataclasses
+import json
+import logging
 import os
 import pickle
 import re
@@ -65,7 +67,7 @@ from rubric_jax.algorithms.base import Experience, RolloutContext, summary_stats
 from rubric_jax.algorithms.registry import algorithm_class
 from rubric_jax.inference.embedded import EmbeddedEngine
 from rubric_jax.inference.engine import RolloutEngine, SamplingParams
-from rubric_jax.inference.http import JsonHttpClient, RetryPolicy
+from rubric_jax.inference.http import JsonHttpClient, RequestFailed, RetryPolicy
 from rubric_jax.judges import llm
 from rubric_jax.judges.base import Judge
 from rubric_jax.judges.records import JudgedRollout, RecordingJudge, write_judged_rollouts
@@ -80,6 +82,8 @@ from rubric_jax.training.optim import learning_rate_schedule, make_optimizer
 from rubric_jax.training.run_config import (CriticConfig, JudgeConfig, MetaVerifierConfig, RLConfig,
                                              resolve_algorithm)
 from rubric_jax.yaml_config import save_config
+
+_LOG = logging.getLogger(__name__)
 
 RL_PLOTS = {
     "reward": ("reward/mean", "outcome/accuracy"),
@@ -209,19 +213,94 @@ def make_frozen_engine(config: RLConfig, initial_model, tokenizer) -> RolloutEng
     return make_engine(frozen, initial_model, tokenizer, "initial")
 
 
-def _chat_client(config: JudgeConfig | MetaVerifierConfig, seed: int) -> llm.ChatClient:
-    """The chat client of an LLM section of the config: its server, model, decoding and retry policy."""
+class RunStopped(RuntimeError):
+    """A run that cannot start or cannot learn, with a one-line reason: a judge server that does not answer or
+    refuses the credentials, or judge failures beyond the failure budget (`JudgeConfig`). `rubric-jax train`
+    prints the reason and exits 1."""
+
+
+# Long enough for a loaded server to list its models, short enough that a wrong URL is reported at once.
+PROBE_TIMEOUT_S = 30.0
+
+
+def auth_headers(config: JudgeConfig | MetaVerifierConfig, section: str) -> dict[str, str]:
+    """The headers of an LLM section: its `headers`, and "Authorization: Bearer <key>" with the key read from the
+    environment variable `api_key_env`. RunStopped when that variable is unset or empty (naming it, never a key)."""
+    headers = dict(config.headers)
+    if config.api_key_env is not None:
+        key = os.environ.get(config.api_key_env, "")
+        if not key:
+            raise RunStopped(f"{section}.api_key_env names {config.api_key_env}, which is not set in the environment")
+        headers["Authorization"] = f"Bearer {key}"
+    return headers
+
+
+def _chat_client(config: JudgeConfig | MetaVerifierConfig, seed: int, section: str) -> llm.ChatClient:
+    """The chat client of an LLM section of the config: its server, credentials, model, decoding and retry
+    policy."""
     http = JsonHttpClient(config.url, max_in_flight=config.max_in_flight, seed=seed,
+                          headers=auth_headers(config, section),
                           retry=RetryPolicy(max_attempts=config.max_attempts, timeout_s=config.timeout_s))
     return llm.ChatClient(http, llm.ChatSettings(model=config.model, temperature=config.temperature,
                                                  max_tokens=config.max_tokens, seed=seed))
+
+
+def probe_chat_server(chat: llm.ChatClient, section: str) -> None:
+    """Asks an LLM role's server for its models (GET /v1/models, OpenAI's listing) before any work. RunStopped
+    naming the URL when nothing answers, or when the server refuses the credentials (401, 403); a warning when it
+    lists models and the configured one is not among them (SGLang answers under any name, others refuse). Any
+    other answer (a server without the listing) passes: the failure budget covers the rest."""
+    http = chat.http
+    try:
+        status, body = http.run_sync(http.probe("/v1/models", min(PROBE_TIMEOUT_S, http.retry.timeout_s)))
+    except RequestFailed as error:
+        raise RunStopped(f"{section}.url {http.base_url} does not answer ({error.reason}: {error.detail}): start "
+                         "the server or correct the URL") from None
+    if status in (401, 403):
+        raise RunStopped(f"{section}.url {http.base_url} refused the credentials (HTTP {status}): set "
+                         f"{section}.api_key_env to the environment variable holding the key, or {section}.headers")
+    if status != 200:
+        return
+    try:
+        served = [entry["id"] for entry in json.loads(body)["data"]]
+    except (ValueError, KeyError, TypeError):
+        return
+    if served and chat.settings.model not in served:
+        _LOG.warning("%s.model %r is not among the models %s serves: %s", section, chat.settings.model,
+                     http.base_url, ", ".join(map(str, served[:10])))
+
+
+class JudgeFailureBudget:
+    """The judge's failure budget (`JudgeConfig`): `observe` counts the consecutive steps whose
+    "judge/failure_rate" exceeds `max_failure_rate` and raises RunStopped at the `max_failing_steps`-th, before
+    that step's update."""
+
+    def __init__(self, config: JudgeConfig):
+        self.config = config
+        self.failing_steps = 0
+
+    def observe(self, metrics: dict[str, float], step: int) -> None:
+        rate, limit = metrics.get("judge/failure_rate"), self.config.max_failure_rate
+        if rate is None or rate <= limit:
+            self.failing_steps = 0
+            return
+        self.failing_steps += 1
+        if self.failing_steps < self.config.max_failing_steps:
+            return
+        reasons = sorted(key.removeprefix("judge/failed/") for key in metrics if key.startswith("judge/failed/"))
+        where = f" at {self.config.url}" if self.config.kind == "llm" else ""
+        raise RunStopped(f"judge/failure_rate was above judge.max_failure_rate ({limit:g}) on "
+                         f"{self.failing_steps} consecutive steps (step {step}: {rate:.0%}"
+                         + (f"; {', '.join(reasons)}" if reasons else "") + f"): the judge{where} is failing, so "
+                         f"the rewards are failures, not judgements; stopped before step {step}'s update (the "
+                         "last checkpoint resumes)")
 
 
 def make_judge(config: JudgeConfig, task: Any, seed: int) -> Judge:
     """The run's judge (`JudgeConfig`): the task's own, or an LLM judge over HTTP in the paper's format."""
     if config.kind == "task":
         return task.judge()
-    chat = _chat_client(config, seed)
+    chat = _chat_client(config, seed, "judge")
     if config.format == "rating":
         return llm.CriterionLLMJudge(chat, llm.rating_format())
     if config.format == "healthbench":
@@ -236,7 +315,7 @@ def make_meta_verifier(config: MetaVerifierConfig, seed: int) -> Optional[llm.LL
     `meta_verify`), else an LLM meta-verifier over HTTP with its domain's prompt."""
     if config.kind == "task":
         return None
-    return llm.LLMMetaVerifier(_chat_client(config, seed), config.domain)
+    return llm.LLMMetaVerifier(_chat_client(config, seed, "meta_verifier"), config.domain)
 
 
 def _mismatch_metrics(batch: dict[str, np.ndarray], old_logp_bt: np.ndarray) -> dict[str, float]:
@@ -286,7 +365,8 @@ class _Learner:
             update = make_value_train_step(
                 self.critic_graphdef, self.critic_optimizer, clip=self.config.critic.value_clip,
                 aggregate=self.algorithm.aggregate(), micro_batches=self.config.learner.micro_batches, **common)
-            self._compiled_critic[prompt_width] = (update, make_values_fn(self.critic_graphdef, **common))
+            values = make_values_fn(self.critic_graphdef, micro_batches=self.config.learner.forward_splits, **common)
+            self._compiled_critic[prompt_width] = (update, values)
         return self._compiled_critic[prompt_width]
 
     def steps(self, prompt_width: int):
@@ -300,7 +380,9 @@ class _Learner:
             update = train_step.make_train_step(
                 self.graphdef, self.optimizer, loss_fn, aggregate=self.algorithm.aggregate(),
                 micro_batches=self.config.learner.micro_batches, **common)
-            self._compiled[prompt_width] = (update, train_step.make_logprobs_fn(self.graphdef, **common))
+            logprobs = train_step.make_logprobs_fn(self.graphdef, micro_batches=self.config.learner.forward_splits,
+                                                   **common)
+            self._compiled[prompt_width] = (update, logprobs)
         return self._compiled[prompt_width]
 
 
@@ -392,6 +474,19 @@ def train_rl(config: RLConfig, task: Any, *, judge=None, model=None, tokenizer=N
     if algorithm.needs_frozen_engine and rollout.engine == "sglang" and rollout.frozen_sglang_url is None:
         raise ValueError(f"{config.algorithm.name} samples a role from the frozen initial policy: set "
                          "rollout.frozen_sglang_url to a second SGLang server")
+    judge_owned = judge is None
+    judge = judge if judge is not None else make_judge(config.judge, task, config.seed)
+    meta_verifier = make_meta_verifier(config.meta_verifier, config.seed)
+    # Before anything is written: a server that cannot be reached stops the launch with nothing changed on disk.
+    try:
+        if judge_owned and config.judge.kind == "llm":
+            probe_chat_server(judge.chat, "judge")
+        if meta_verifier is not None:
+            probe_chat_server(meta_verifier.chat, "meta_verifier")
+    except RunStopped:
+        for client in ([judge] if judge_owned else []) + ([meta_verifier] if meta_verifier is not None else []):
+            client.close()
+        raise
     out = Path(config.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     if jax.process_index() == 0:
@@ -400,9 +495,6 @@ def train_rl(config: RLConfig, task: Any, *, judge=None, model=None, tokenizer=N
     mesh = policy.make_mesh(config.learner.mesh)
     if model is None:
         model, tokenizer = policy.build_policy(config.model, task, mesh)
-    judge_owned = judge is None
-    judge = judge if judge is not None else make_judge(config.judge, task, config.seed)
-    meta_verifier = make_meta_verifier(config.meta_verifier, config.seed)
     optimizer = make_optimizer(config.optimizer)
     schedule = learning_rate_schedule(config.optimizer)
     critic_schedule = learning_rate_schedule(config.critic.optimizer)
@@ -448,6 +540,7 @@ def train_rl(config: RLConfig, task: Any, *, judge=None, model=None, tokenizer=N
     updates_per_step = config.learner.epochs * config.learner.mini_batches
 
     writer = runs.open_metrics(out, config.metrics, config.steps, meta)
+    judge_budget = JudgeFailureBudget(config.judge)
     data_metrics = task.data_metrics() if hasattr(task, "data_metrics") else {}
     metrics: dict[str, float] = {}
     judge_requests_seen: dict[str, int] = {}
@@ -479,12 +572,12 @@ def train_rl(config: RLConfig, task: Any, *, judge=None, model=None, tokenizer=N
             # Sampled from the weights of `step` updates while the learner makes update step + 1 (module docstring).
             upcoming = background.submit(sample, step + 1, step) if rollout.overlap and step + 1 < config.steps \
                 else None
+            judge_budget.observe(sampled.metrics, step + 1)
             experience = sampled.experience
             learner_config = config.learner
             # This process's share in the shape all processes agree on (`data_parallel`); `inputs` the global batch.
             batch, width = data_parallel.align_batch(experience.batch, experience.prompt_width, pad_id,
-                                                     learner_config.mini_batches * learner_config.micro_batches
-                                                     * learner_config.mesh.batch_shards)
+                                                     learner_config.row_multiple)
             inputs = sharding.global_batch({key: batch[key] for key in train_step.POLICY_INPUTS}, mesh)
             if recomputes_old_logprobs or state.reference is not None:
                 _, logprobs = learner.steps(width)

@@ -11,6 +11,8 @@ ValueErrors naming the full key.
 """
 
 import dataclasses
+import math
+import re
 from typing import Any, Literal, Optional
 
 from rubric_jax.algorithms.registry import algorithm_class
@@ -56,13 +58,14 @@ class ModelSpec:
     Nothing checks that the template reads them; a variable it does not read has no effect.
 
     attention: the learner's full-sequence attention (`models.attention`): "auto" (by backend: Pallas splash
-    attention on TPU, XLA elsewhere), "xla" or "splash". `remat`: rematerialise each layer in the backward pass
+    attention on TPU, XLA elsewhere: a run's float32 policy never gets cuDNN silently), "xla", "splash" or "cudnn"
+    (CUDA GPUs; attention in bfloat16). `remat`: rematerialise each layer in the backward pass
     (less activation memory, one more forward pass of compute)."""
 
     path: Optional[str] = None
     init: Optional[ModelInit] = None
     chat_template_kwargs: dict = dataclasses.field(default_factory=dict)
-    attention: Literal["auto", "xla", "splash"] = "auto"
+    attention: Literal["auto", "xla", "splash", "cudnn"] = "auto"
     remat: bool = False
 
     def __post_init__(self):
@@ -158,11 +161,16 @@ class LearnerConfig:
     `old_logprobs`: "recompute" runs the learner over the batch before its updates for the old logprobs;
     "detached" (one epoch of one mini-batch only: the one update then starts from the old policy) takes them as
     the update's own logprobs, detached (`train_step.with_detached_old_logprobs`), and skips that forward pass;
-    the mismatch metric "mismatch/k3" is then the update's, and "mismatch/max_abs" is not logged."""
+    the mismatch metric "mismatch/k3" is then the update's, and "mismatch/max_abs" is not logged.
+
+    `forward_micro_batches`: the sequential micro-batches of the learner's passes without gradients over the whole
+    step's rows (old and reference logprobs, the critic's old values; verl's log_prob_micro_batch_size); null
+    (default) is `micro_batches`, so with one mini-batch a forward micro-batch has the train step's rows."""
 
     epochs: int = 1
     mini_batches: int = 1
     micro_batches: int = 1
+    forward_micro_batches: Optional[int] = None
     chunk_size: int = 256
     old_logprobs: Literal["recompute", "detached"] = "recompute"
     mesh: MeshConfig = MeshConfig()
@@ -170,9 +178,22 @@ class LearnerConfig:
     def __post_init__(self):
         for name in ("epochs", "mini_batches", "micro_batches", "chunk_size"):
             _require(getattr(self, name) >= 1, f"{name} must be >= 1, got {getattr(self, name)}")
+        _require(self.forward_micro_batches is None or self.forward_micro_batches >= 1,
+                 f"forward_micro_batches must be >= 1 or null, got {self.forward_micro_batches}")
         _require(self.old_logprobs == "recompute" or self.epochs == self.mini_batches == 1,
                  f"old_logprobs detached needs epochs = mini_batches = 1 (one update from the old policy), got "
                  f"epochs {self.epochs}, mini_batches {self.mini_batches}")
+
+    @property
+    def forward_splits(self) -> int:
+        """The micro-batches of the passes without gradients (`forward_micro_batches`, default `micro_batches`)."""
+        return self.micro_batches if self.forward_micro_batches is None else self.forward_micro_batches
+
+    @property
+    def row_multiple(self) -> int:
+        """The row counts a step's batch must be a multiple of: every mini-batch's micro-batches and every forward
+        micro-batch split evenly over the mesh's data * fsdp shards."""
+        return math.lcm(self.mini_batches * self.micro_batches, self.forward_splits) * self.mesh.batch_shards
 
 
 @dataclasses.dataclass(frozen=True)
@@ -266,7 +287,8 @@ class RolloutLogConfig:
 
 def _check_chat_role(config: Any, section: str) -> None:
     """The checks an LLM role's section shares (`JudgeConfig`, `MetaVerifierConfig`): url and model exactly with
-    kind llm, positive counts, a non-negative temperature and a positive timeout."""
+    kind llm, positive counts, a non-negative temperature and a positive timeout, an environment variable's name
+    for the key and string headers (the key itself never belongs in a config)."""
     llm = config.kind == "llm"
     _require(llm == (config.url is not None) and llm == (config.model is not None),
              f"{section}.url and {section}.model are required by {section}.kind llm, and only by it")
@@ -274,6 +296,13 @@ def _check_chat_role(config: Any, section: str) -> None:
         _require(getattr(config, name) >= 1, f"{section}.{name} must be >= 1, got {getattr(config, name)}")
     _require(config.temperature >= 0 and config.timeout_s > 0,
              f"{section}.temperature must be >= 0, timeout_s > 0")
+    _require(config.api_key_env is None or re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", config.api_key_env),
+             f"{section}.api_key_env is the name of an environment variable holding the key (e.g. OPENAI_API_KEY), "
+             f"got {config.api_key_env!r}")
+    _require(all(isinstance(k, str) and isinstance(v, str) for k, v in config.headers.items()),
+             f"{section}.headers must map header names to strings")
+    _require(config.api_key_env is None or "authorization" not in {k.lower() for k in config.headers},
+             f"{section}.api_key_env sets the Authorization header: leave it out of {section}.headers")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -285,7 +314,14 @@ class JudgeConfig:
     criterion) or "healthbench" (HealthBench's grader, one call per criterion, shown the whole conversation).
     `max_in_flight` bounds concurrent calls; `max_attempts` and `timeout_s` are the retry policy.
     `max_grounding_chars`: format "grounded" only, the grounding passage cut to its first characters (the paper's
-    "maximum passage length"; None: the whole passage)."""
+    "maximum passage length"; None: the whole passage).
+
+    Authentication: `api_key_env`, the name of an environment variable whose value is sent as
+    "Authorization: Bearer <value>" (the key never enters the config, config.yaml or the logs), and `headers`,
+    sent with every request. Health: a run probes the server before step 1 and stops (exit 1, one line) when it does
+    not answer or refuses the credentials; it stops the same way when "judge/failure_rate" exceeds
+    `max_failure_rate` on `max_failing_steps` consecutive steps (a run whose rewards are judge failures cannot
+    learn). `max_failure_rate: 1.0` turns that off."""
 
     kind: Literal["task", "llm"] = "task"
     url: Optional[str] = None
@@ -297,9 +333,16 @@ class JudgeConfig:
     max_attempts: int = 5
     timeout_s: float = 600.0
     max_grounding_chars: Optional[int] = None
+    api_key_env: Optional[str] = None
+    headers: dict = dataclasses.field(default_factory=dict)
+    max_failure_rate: float = 0.5
+    max_failing_steps: int = 3
 
     def __post_init__(self):
         _check_chat_role(self, "judge")
+        _require(0 <= self.max_failure_rate <= 1, f"judge.max_failure_rate must be in [0, 1], got "
+                                                  f"{self.max_failure_rate}")
+        _require(self.max_failing_steps >= 1, f"judge.max_failing_steps must be >= 1, got {self.max_failing_steps}")
         _require(self.max_grounding_chars is None or (self.format == "grounded" and self.max_grounding_chars >= 0),
                  f"judge.max_grounding_chars is for format grounded only and must be >= 0, got "
                  f"{self.max_grounding_chars}")
@@ -311,8 +354,9 @@ class MetaVerifierConfig:
     step 1; read by a recipe that has one): "task", the task's own `meta_verify` (programmatic in the rubric
     world), or "llm", an OpenAI-compatible chat server at `url` serving `model`, asked with Appendix C's prompt of
     `domain` ("medical": Table 6, "writing_science": Table 7), one call per proposed criterion
-    (`judges.llm.LLMMetaVerifier`). The decoding (`temperature`, `max_tokens`) and the HTTP fields
-    (`max_in_flight`, `max_attempts`, `timeout_s`) are `JudgeConfig`'s."""
+    (`judges.llm.LLMMetaVerifier`). The decoding (`temperature`, `max_tokens`), the HTTP fields
+    (`max_in_flight`, `max_attempts`, `timeout_s`) and the authentication (`api_key_env`, `headers`) are
+    `JudgeConfig`'s; its server is probed before step 1 as the judge's is."""
 
     kind: Literal["task", "llm"] = "task"
     url: Optional[str] = None
@@ -323,6 +367,8 @@ class MetaVerifierConfig:
     max_in_flight: int = 64
     max_attempts: int = 5
     timeout_s: float = 600.0
+    api_key_env: Optional[str] = None
+    headers: dict = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
         _check_chat_role(self, "meta_verifier")
@@ -352,11 +398,11 @@ class RLConfig:
     def __post_init__(self):
         _require(self.steps >= 1, f"steps must be >= 1, got {self.steps}")
         rows, learner = self.rollout.batch_size, self.learner
-        per_update = learner.mini_batches * learner.micro_batches * learner.mesh.batch_shards
-        _require(rows % per_update == 0,
+        _require(rows % learner.row_multiple == 0,
                  f"rollout.prompts_per_step * rollout.group_size = {rows} rows must split evenly into "
                  f"learner.mini_batches ({learner.mini_batches}) x learner.micro_batches ({learner.micro_batches}) "
-                 f"x the mesh's data * fsdp ({learner.mesh.batch_shards})")
+                 f"and into learner.forward_micro_batches ({learner.forward_splits}), each x the mesh's data * fsdp "
+                 f"({learner.mesh.batch_shards})")
         if self.model.init is not None:
             _require(self.rollout.max_new_tokens < self.model.init.max_position_embeddings,
                      f"rollout.max_new_tokens ({self.rollout.max_new_tokens}) leaves no room for a prompt in "

@@ -303,3 +303,22 @@ def test_standin_validates_response_format(chat_standin, client):
     assert post(client, {**BODY, "response_format": schema}) == "hello"
     with pytest.raises(RequestFailed, match="response_format"):
         post(client, {**BODY, "response_format": {"type": "xml"}})
+
+
+def test_repeated_failures_are_collapsed_into_counted_warnings(caplog):
+    """A dead server fails every request: the 1st, 10th and 100th failure of a kind are warnings (with the count),
+    the others debug lines, so a run's log does not fill with one line per attempt."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    caplog.set_level("DEBUG", logger="rubric_jax.inference.http")
+    with JsonHttpClient(f"http://127.0.0.1:{port}", retry=RetryPolicy(max_attempts=1)) as client:
+        for _ in range(12):
+            with pytest.raises(RequestFailed):
+                client.run_sync(client.post_json("/v1/chat/completions", {}))
+    records = [r for r in caplog.records if r.name == "rubric_jax.inference.http"]
+    assert len(records) == 12
+    warnings = [r.getMessage() for r in records if r.levelname == "WARNING"]
+    assert len(warnings) == 2
+    assert warnings[0].endswith("(failure 1 of this kind)") and warnings[1].endswith("(failure 10 of this kind)")
+    assert f"http://127.0.0.1:{port}/v1/chat/completions attempt 1/1 failed: connection" in warnings[0]

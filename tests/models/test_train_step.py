@@ -1,6 +1,7 @@
 """The train step's loss plumbing: micro-batch accumulation equals the full batch for every aggregation mode
 (also sharded over simulated devices), the KL penalty adds exactly coef * kl per token, the SFT loss is the
-masked cross-entropy computed from full logits, and `make_logprobs_fn` equals `sequence_logprobs`."""
+masked cross-entropy computed from full logits, and `make_logprobs_fn` equals `sequence_logprobs`, in one call or
+over micro-batches."""
 
 import functools
 
@@ -122,15 +123,18 @@ def test_the_sft_loss_is_the_masked_cross_entropy_of_full_logits():
     np.testing.assert_allclose(metrics["loss"], total / count, rtol=1e-5)
 
 
-def test_make_logprobs_fn_equals_sequence_logprobs():
-    model = Decoder(CONFIG, rngs=nnx.Rngs(0))
+@pytest.mark.parametrize("micro_batches, remat", [(1, False), (2, False), (4, True)])
+def test_make_logprobs_fn_equals_sequence_logprobs(micro_batches, remat):
+    """Also over micro-batches: every row comes back in its place (the rows differ, so a permutation would show);
+    a remat decoder too (its layers are re-traced inside the micro-batch loop)."""
+    model = Decoder(CONFIG, rngs=nnx.Rngs(0), remat=remat)
     rules = sharding.partition_rules(CONFIG)
     mesh = sharding.make_mesh(1, 2, 1, devices=jax.devices()[:2])
     graphdef, params = nnx.split(model)
     params = jax.device_put(params, sharding.param_shardings(params, mesh, rules))
     batch = policy_batch()
     logprobs = train_step.make_logprobs_fn(graphdef, mesh=mesh, abstract_params=params, rules=rules, chunk_size=4,
-                                           first_scored=PROMPT)
+                                           first_scored=PROMPT, micro_batches=micro_batches)
     expected, _ = sequence_logprobs(Decoder(CONFIG, rngs=nnx.Rngs(0)), *(batch[k] for k in (
         "tokens_bt", "positions_bt", "attention_mask_bt", "response_mask_bt")), chunk_size=4)
     np.testing.assert_allclose(logprobs(params, batch), expected, **TOL)

@@ -117,14 +117,16 @@ def test_the_value_step_accumulates_exactly_over_micro_batches_and_shards(micro_
         np.testing.assert_allclose(leaf, full_leaf, **TOL)
 
 
-def test_make_values_fn_equals_sequence_values():
+@pytest.mark.parametrize("micro_batches", [1, 2])
+def test_make_values_fn_equals_sequence_values(micro_batches):
     model = critic()
     expected = value.sequence_values(model, *inputs(value_batch()))
     rules = sharding.partition_rules(CONFIG)
     mesh = sharding.make_mesh(1, 2, 1, devices=jax.devices()[:2])
     graphdef, params = nnx.split(model)
     params = jax.device_put(params, sharding.param_shardings(params, mesh, rules))
-    values = value.make_values_fn(graphdef, mesh=mesh, abstract_params=params, rules=rules, first_scored=PROMPT)
+    values = value.make_values_fn(graphdef, mesh=mesh, abstract_params=params, rules=rules, first_scored=PROMPT,
+                                  micro_batches=micro_batches)
     np.testing.assert_allclose(values(params, value_batch()), expected, **TOL)
 
 

@@ -8,7 +8,8 @@ and each gradient element differs by about 1e-6 of the token terms summed into i
 gradient times the learning rate, so the two updates agree within 1e-4 of the largest. Adam divides each
 gradient element by its magnitude plus eps, which would amplify that rounding without bound on an element whose
 gradient is near 0, so the run-level comparison takes eps = 1e-3: an update then moves by at most
-lr * |delta g| / eps, orders of magnitude inside the 1e-3 * lr tolerance."""
+lr * |delta g| / eps, orders of magnitude inside the 1e-3 * lr tolerance. The same holds for
+learner.forward_micro_batches, which splits the old and reference logprobs pass into sequential micro-batches."""
 
 import dataclasses
 
@@ -136,3 +137,34 @@ def test_detached_old_logprobs_need_one_epoch_of_one_mini_batch():
     for changes in ({"epochs": 2}, {"mini_batches": 2}):
         with pytest.raises(ValueError, match="old_logprobs detached needs epochs = mini_batches = 1"):
             dataclasses.replace(LearnerConfig(old_logprobs="detached"), **changes)
+
+
+def test_forward_micro_batches_split_the_old_and_reference_logprobs_without_changing_the_run(tmp_path, monkeypatch):
+    """learner.forward_micro_batches reaches the learner's logprobs pass, and splitting it changes no result beyond
+    float rounding: 2 steps with kl (old and reference logprobs) in 1 and in 8 micro-batches of one row."""
+    splits = []
+    original = train_step.make_logprobs_fn
+
+    def recording(*args, **kwargs):
+        splits.append(kwargs["micro_batches"])
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(train_step, "make_logprobs_fn", recording)
+
+    def run(name, forward_micro_batches):
+        config = tiny_rl_config(tmp_path / name, steps=2, optimizer=RUN_OPTIMIZER,
+                                learner=LearnerConfig(forward_micro_batches=forward_micro_batches),
+                                algorithm=AlgorithmSpec(name="rar", params={"policy_loss": {"kl_coef": 0.1}}))
+        rl.train_rl(config, toy_task())
+        state, _ = Checkpointer(tmp_path / name / "run" / "checkpoints").restore(2, None)
+        return read_metrics(tmp_path / name / "run" / "metrics.jsonl"), state["params"]
+
+    whole_lines, whole_params = run("whole", None)
+    split_lines, split_params = run("split", 8)
+    assert set(splits) == {1, 8}
+    for a, b in zip(jax.tree.leaves(whole_params), jax.tree.leaves(split_params)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=1e-3 * RUN_OPTIMIZER.learning_rate)
+    for whole, split in zip(whole_lines, split_lines):
+        assert split["reward/mean"] == whole["reward/mean"]
+        np.testing.assert_allclose(split["train/kl"], whole["train/kl"], rtol=1e-4, atol=1e-7)
+        assert split["mismatch/max_abs"] < 1e-4

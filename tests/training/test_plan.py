@@ -44,8 +44,8 @@ def _config_file(tmp_path, model: ModelConfig = TINY) -> str:
     return str(path)
 
 
-def _expected_argument_bytes(*, fsdp: int, tensor: int, data: int) -> int:
-    """Parameters, AdamW's two moments and the batch per chip, by the partition rules of `models.sharding`."""
+def _expected_parameters_per_chip(*, fsdp: int, tensor: int) -> int:
+    """The policy's parameters on one chip, by the partition rules of `models.sharding`."""
     def kernel(rows, cols, tensor_dim):
         # Every 2-D kernel is split over fsdp on its model dimension and over tensor on its other one.
         return rows * cols // fsdp // (tensor if tensor_dim else 1)
@@ -53,7 +53,12 @@ def _expected_argument_bytes(*, fsdp: int, tensor: int, data: int) -> int:
     per_layer = (kernel(WIDTH, HEADS * HEAD, True) + 2 * kernel(WIDTH, KV_HEADS * HEAD, True)
                  + kernel(HEADS * HEAD, WIDTH, True) + 3 * kernel(WIDTH, MLP, True)
                  + 2 * WIDTH + 2 * HEAD)  # the norms are replicated
-    params = LAYERS * per_layer + 2 * kernel(VOCAB, WIDTH, True) + WIDTH  # embedding, lm_head, final norm
+    return LAYERS * per_layer + 2 * kernel(VOCAB, WIDTH, True) + WIDTH  # embedding, lm_head, final norm
+
+
+def _expected_argument_bytes(*, fsdp: int, tensor: int, data: int) -> int:
+    """Parameters, AdamW's two moments and the batch per chip."""
+    params = _expected_parameters_per_chip(fsdp=fsdp, tensor=tensor)
     batch = ROWS // (data * fsdp) * (PROMPT + RESPONSE) * BATCH_BYTES_PER_TOKEN
     return 3 * 4 * params + OPTIMIZER_SCALARS * TILE + batch
 
@@ -70,6 +75,37 @@ def test_argument_bytes_follow_the_partition_rules(tmp_path, topology, mesh):
     assert result.fits and result.attention == "xla"
     assert result.train.flops > 0 and 0 < result.mfu_ceiling <= 1
     assert result.step_flops >= result.model_flops == 6 * result.parameters * ROWS * (PROMPT + RESPONSE)
+
+
+def test_a_second_role_a_critic_and_a_reference_are_planned_and_their_state_counted(tmp_path):
+    """RLCER with PPO's critic and a KL reference: the rubricator's rows join the batch, the critic's update and
+    values pass are compiled, and each phase carries the learner state that is not its argument (4 bytes a
+    parameter, AdamW's two moments twice that plus two scalar counts)."""
+    config = load_config(RLConfig, _config_file(tmp_path), [
+        "model.attention=xla", "learner.mesh.fsdp=4", "rollout.prompts_per_step=4", "algorithm.name=rlcer",
+        "algorithm.params.estimator=ppo_critic", "algorithm.params.policy_loss.kl_coef=0.1",
+        "algorithm.params.rubricator_max_new_tokens=256"])
+    result = plan.plan_learner(config, TINY, "v5e:2x2", prompt_tokens=PROMPT)
+    # The rubricator's prompt holds a CoT, up to the prompt cap (max_prompt_tokens = PROMPT).
+    assert {name: (r.rows, r.prompt_tokens, r.response_tokens) for name, r in result.roles.items()} == {
+        "reasoner": (16, PROMPT, RESPONSE), "rubricator": (16, PROMPT, 256)}
+    assert (result.rows, result.logprob_rows, result.length) == (32, 32, PROMPT + 256)
+    assert [phase.name for phase in result.phases] == ["train step", "critic update", "logprobs", "critic values"]
+    state = result.state_bytes
+    policy_bytes = 4 * _expected_parameters_per_chip(fsdp=4, tensor=1)
+    assert state["policy"] == state["reference"] == policy_bytes
+    assert state["optimizer"] == 2 * policy_bytes + 2 * 4
+    # The critic: the trunk without the (untied) lm_head, plus a [D, 1] head (split over fsdp) and its bias.
+    lm_head_bytes = 4 * VOCAB * WIDTH // 4
+    assert state["critic"] == policy_bytes - lm_head_bytes + 4 * (WIDTH // 4 + 1)
+    assert state["critic optimizer"] == 2 * state["critic"] + 2 * 4
+    everything = sum(state.values())
+    for phase, arguments in (("train step", ("policy", "optimizer")), ("critic update", ("critic", "critic optimizer")),
+                             ("logprobs", ("policy",)), ("critic values", ("critic",))):
+        assert result.phase(phase).resident_bytes == everything - sum(state[key] for key in arguments)
+        assert result.phase(phase).peak_bytes == result.phase(phase).compiled.total_bytes + \
+            result.phase(phase).resident_bytes
+    assert result.fits
 
 
 def test_cli_plans_what_fits(tmp_path, capsys):
@@ -108,3 +144,57 @@ def test_cli_input_errors_exit_2_with_one_line(tmp_path, capsys, args, message):
 def test_presets_have_the_published_parameter_counts(name, parameters):
     abstract = nnx.eval_shape(lambda: Decoder(preset_config(name), rngs=nnx.Rngs(0)))
     assert sum(leaf.size for leaf in jax.tree.leaves(nnx.state(abstract))) == parameters
+
+
+@pytest.fixture
+def synthetic_memory(monkeypatch):
+    """The search's compiles replaced by a memory model (per chip: train step 1000 bytes / micro-batches, halved by
+    remat; logprob pass 600 / forward micro-batches), so the search's policy is checked exactly and fast; the
+    learners are still built for the topology. (XLA's TPU memory reports of a tiny model are too coarse for this:
+    small temporaries may be placed off HBM and reported as 0.)"""
+
+    def phase(name, total):
+        return [plan.Phase(name, plan.Compiled(total, 0, 0, 0, 1.0, 0.0), resident_bytes=0)]
+
+    monkeypatch.setattr(plan, "_update_phases", lambda learner: phase(
+        "train step", (500 if learner.config.model.remat else 1000) // learner.config.learner.micro_batches))
+    monkeypatch.setattr(plan, "_forward_phases", lambda learner: phase(
+        "logprobs", 600 // learner.config.learner.forward_splits))
+
+
+@pytest.mark.parametrize("budget, fits, overrides, train_tries, logprob_tries", [
+    (300, True, ["learner.micro_batches=4", "learner.forward_micro_batches=2"],
+     [("off", 1), ("off", 2), ("off", 4)], [1, 2]),  # the config's forward micro-batches, not the train step's
+    (200, True, ["model.remat=true", "learner.micro_batches=4", "learner.forward_micro_batches=4"],
+     [("off", 1), ("off", 2), ("off", 4), ("on", 1), ("on", 2), ("on", 4)], [1, 2, 4]),
+    (100, False, ["model.remat=true", "learner.micro_batches=4", "learner.forward_micro_batches=4"],
+     [("off", 1), ("off", 2), ("off", 4), ("on", 1), ("on", 2), ("on", 4)], [1, 2, 4]),
+])
+def test_search_doubles_micro_batches_then_tries_remat(tmp_path, synthetic_memory, budget, fits, overrides,
+                                                       train_tries, logprob_tries):
+    # 16 rows over 4 chips: at most 4 micro-batches of one row per chip.
+    config = load_config(RLConfig, _config_file(tmp_path), ["learner.mesh.fsdp=4", "rollout.prompts_per_step=4"])
+    tried = []
+    result, found = plan.search_learner(config, TINY, "v5e:2x2", prompt_tokens=PROMPT, hbm_bytes=budget,
+                                        log=tried.append)
+    assert result.fits == fits and result.chip.hbm_bytes == budget and found == overrides
+    assert [line.split(":")[0] for line in tried] == (
+        [f"train step, remat {remat}, {micro} micro-batches" for remat, micro in train_tries]
+        + [f"logprobs, {forward} micro-batches" for forward in logprob_tries])
+
+
+def test_search_changes_nothing_that_fits(tmp_path, synthetic_memory):
+    config = load_config(RLConfig, _config_file(tmp_path), ["learner.mesh.fsdp=4", "learner.forward_micro_batches=2"])
+    result, found = plan.search_learner(config, TINY, "v5e:2x2", prompt_tokens=PROMPT, hbm_bytes=1000)
+    assert result.fits and found == [] and (result.micro_batches, result.forward_micro_batches) == (1, 2)
+
+
+def test_cli_search_reports_a_config_that_fits_as_it_is(tmp_path, capsys):
+    assert cli.main(["plan", _config_file(tmp_path), "learner.mesh.fsdp=4", "rollout.prompts_per_step=1",
+                     "model.attention=xla", "--topology", "v5e:2x2", "--search", "--hbm-gib", "8"]) == 0
+    captured = capsys.readouterr()
+    assert "8.00 GiB HBM" in captured.out and captured.out.endswith("fits\nfits as configured\n")
+    assert captured.err.count("tried: ") == 2  # one train step, one logprobs pass
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["plan", "run.yaml", "--topology", "v5e:2x2", "--hbm-gib", "-1"])
+    assert exit_.value.code == 2 and "argument --hbm-gib: must be > 0, got -1.0" in capsys.readouterr().err

@@ -11,7 +11,8 @@ import pytest
 from rubric_jax import cli
 from rubric_jax.data.synthesis import SynthesisConfig
 from rubric_jax.data.tasks import build_task
-from rubric_jax.training.run_config import QuickstartConfig, RLConfig, SFTConfig, resolve_algorithm
+from rubric_jax.training.run_config import (LearnerConfig, MeshConfig, QuickstartConfig, RLConfig, SFTConfig,
+                                            resolve_algorithm)
 from rubric_jax.yaml_config import apply_overrides, config_from_dict, load_config
 from tests.data.dataset_fixtures import fixture_path
 
@@ -98,6 +99,8 @@ def test_resolved_algorithm_params_hold_every_field():
     ("learner.mini_batches=5", "must split evenly"),
     ("learner.micro_batches=3", "must split evenly"),
     ("learner.mesh.fsdp=3", "must split evenly"),
+    ("learner.forward_micro_batches=3", "must split evenly"),
+    ("learner.forward_micro_batches=0", "forward_micro_batches must be >= 1 or null"),
     ("rollout.temperature=0", "temperature 0 makes the 8 samples of a group identical"),
     ("rollout.engine=sglang", "sglang_url is required"),
     ("rollout.sglang_url=http://x", "sglang_url is required"),
@@ -161,3 +164,11 @@ def test_every_command_explains_itself(command, capsys):
         cli.main([command, "--help"])
     assert exit_info.value.code == 0
     assert len(capsys.readouterr().out) > 300
+
+
+def test_forward_micro_batches_default_to_micro_batches_and_join_the_row_multiple():
+    learner = LearnerConfig(mini_batches=2, micro_batches=4, mesh=MeshConfig(fsdp=2))
+    assert learner.forward_splits == 4 and learner.row_multiple == 2 * 4 * 2
+    learner = dataclasses.replace(learner, forward_micro_batches=16)
+    assert learner.forward_splits == 16 and learner.row_multiple == 16 * 2
+    assert dataclasses.replace(learner, forward_micro_batches=3).row_multiple == 24 * 2

@@ -1,0 +1,167 @@
+"""A run's judge health (`JudgeConfig`): the server is probed before anything is written (an unreachable URL or
+refused credentials stop the launch with one line), credentials come from an environment variable and headers,
+and judge failures beyond the failure budget stop the run before it trains on them."""
+
+import dataclasses
+import http.server
+import json
+import socket
+import threading
+
+import numpy as np
+import pytest
+
+from rubric_jax import cli
+from rubric_jax.judges.base import Judge, Verdicts
+from rubric_jax.training import rl
+from rubric_jax.training.checkpoint import Checkpointer
+from rubric_jax.training.metrics import read_metrics
+from rubric_jax.training.run_config import JudgeConfig
+from tests.training.test_rl import tiny_rl_config
+from tests.training.toy_task import toy_task
+
+KEY = "s3cret-key-value"
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ModelsServer:
+    """GET /v1/models answered 200 with one model when the request carries "Authorization: Bearer KEY" (or when
+    no key is required), else 401; every request's headers are kept."""
+
+    def __init__(self, require_key: bool):
+        seen = self.headers = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                seen.append(dict(self.headers))
+                authorised = not require_key or self.headers.get("Authorization") == f"Bearer {KEY}"
+                body = json.dumps({"object": "list", "data": [{"id": "served-judge"}]}).encode()
+                self.send_response(200 if authorised else 401)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body) if authorised else 0))
+                self.end_headers()
+                if authorised:
+                    self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def llm_judge(url: str, **fields) -> JudgeConfig:
+    return JudgeConfig(kind="llm", url=url, model="served-judge", format="rating", **fields)
+
+
+def test_an_unreachable_judge_stops_the_launch_before_anything_is_written(tmp_path):
+    url = f"http://127.0.0.1:{closed_port()}"
+    config = tiny_rl_config(tmp_path, judge=llm_judge(url))
+    with pytest.raises(rl.RunStopped, match=f"judge.url {url} does not answer \\(connection"):
+        rl.train_rl(config, toy_task())
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_cli_reports_an_unreachable_judge_in_one_line_and_exits_1(tmp_path, capsys):
+    url = f"http://127.0.0.1:{closed_port()}"
+    status = cli.main(["train", "configs/rar_dataset_cpu.yaml", f"output_dir={tmp_path}/run", f"judge.url={url}"])
+    err = capsys.readouterr().err
+    assert status == 1 and err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith(f"rubric-jax train: judge.url {url} does not answer")
+    assert list((tmp_path / "run").iterdir()) == []  # the CLI's writability check made it; nothing was written
+
+
+def test_the_key_comes_from_the_environment_and_refused_credentials_stop_the_launch(tmp_path, monkeypatch):
+    with ModelsServer(require_key=True) as server:
+        judge = llm_judge(server.url, api_key_env="RUBRIC_JAX_TEST_KEY", headers={"X-Project": "rubrics"})
+        monkeypatch.delenv("RUBRIC_JAX_TEST_KEY", raising=False)
+        with pytest.raises(rl.RunStopped, match="judge.api_key_env names RUBRIC_JAX_TEST_KEY, which is not set"):
+            rl.make_judge(judge, toy_task(), 0)
+
+        monkeypatch.setenv("RUBRIC_JAX_TEST_KEY", "wrong")
+        config = tiny_rl_config(tmp_path, judge=judge)
+        with pytest.raises(rl.RunStopped, match=f"judge.url {server.url} refused the credentials \\(HTTP 401\\): "
+                                                "set judge.api_key_env"):
+            rl.train_rl(config, toy_task())
+        assert not (tmp_path / "run").exists()
+
+        monkeypatch.setenv("RUBRIC_JAX_TEST_KEY", KEY)
+        client = rl.make_judge(judge, toy_task(), 0)
+        try:
+            rl.probe_chat_server(client.chat, "judge")  # answers 200: passes
+        finally:
+            client.close()
+        assert server.headers[-1]["Authorization"] == f"Bearer {KEY}"
+        assert server.headers[-1]["X-Project"] == "rubrics"
+
+
+def test_a_model_the_server_does_not_list_is_a_warning(caplog):
+    with ModelsServer(require_key=False) as server:
+        client = rl.make_judge(dataclasses.replace(llm_judge(server.url), model="other-judge"), toy_task(), 0)
+        try:
+            rl.probe_chat_server(client.chat, "judge")
+        finally:
+            client.close()
+    assert "judge.model 'other-judge' is not among the models" in caplog.text and "served-judge" in caplog.text
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"api_key_env": "sk-abc123 key"}, "judge.api_key_env is the name of an environment variable"),
+    ({"api_key_env": "KEY", "headers": {"authorization": "Bearer x"}}, "leave it out of judge.headers"),
+    ({"headers": {"X-Count": 3}}, "judge.headers must map header names to strings"),
+    ({"max_failure_rate": 1.5}, "judge.max_failure_rate must be in [0, 1]"),
+    ({"max_failing_steps": 0}, "judge.max_failing_steps must be >= 1"),
+])
+def test_bad_judge_health_settings_are_refused(fields, message):
+    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        llm_judge("http://127.0.0.1:1", **fields)
+
+
+class ScriptedFailures(Judge):
+    """The toy task's judge, except that every row of the calls numbered in `failing_calls` (from 0) fails."""
+
+    def __init__(self, failing_calls: set[int]):
+        self.inner = toy_task().judge()
+        self.failing_calls, self.calls = failing_calls, 0
+
+    def judge(self, requests, max_items):
+        call, self.calls = self.calls, self.calls + 1
+        if call not in self.failing_calls:
+            return self.inner.judge(requests, max_items)
+        rows = len(requests)
+        return Verdicts(np.zeros((rows, max_items), np.float32), np.full((rows, max_items), -1, np.int32),
+                        np.ones(rows, bool), ("http_500",) * rows)
+
+
+def test_judge_failures_beyond_the_budget_stop_the_run_before_its_update(tmp_path):
+    config = tiny_rl_config(tmp_path, steps=5, judge=JudgeConfig(max_failing_steps=2))
+    # Step 1 judged, steps 2-3 failed: the budget of 2 consecutive failing steps is spent at step 3.
+    with pytest.raises(rl.RunStopped, match=r"judge/failure_rate was above judge.max_failure_rate \(0.5\) on 2 "
+                                            r"consecutive steps \(step 3: 100%; http_500\).*before step 3's update"):
+        rl.train_rl(config, toy_task(), judge=ScriptedFailures({1, 2}))
+    lines = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert [line["step"] for line in lines] == [1, 2]
+    assert lines[0]["judge/failure_rate"] == 0 and lines[1]["judge/failure_rate"] == 1
+    assert Checkpointer(tmp_path / "run" / "checkpoints").latest_step() == 2
+
+
+def test_failing_steps_that_are_not_consecutive_or_a_budget_of_1_never_stop(tmp_path):
+    config = tiny_rl_config(tmp_path / "a", steps=4, judge=JudgeConfig(max_failing_steps=2))
+    rl.train_rl(config, toy_task(), judge=ScriptedFailures({0, 2}))
+    assert len(read_metrics(tmp_path / "a" / "run" / "metrics.jsonl")) == 4
+    config = tiny_rl_config(tmp_path / "b", steps=2, judge=JudgeConfig(max_failure_rate=1.0, max_failing_steps=1))
+    rl.train_rl(config, toy_task(), judge=ScriptedFailures({0, 1}))
+    assert len(read_metrics(tmp_path / "b" / "run" / "metrics.jsonl")) == 2
