@@ -108,6 +108,8 @@ def _template_kwargs(text: str) -> dict:
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="rubric-jax", description=DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--debug", action="store_true",
+                        help="show the traceback of a runtime error instead of its one-line summary")
     subparsers = parser.add_subparsers(dest="command", required=True)
     quickstart = subparsers.add_parser(
         "quickstart", formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -313,7 +315,23 @@ def _one_line(error: Exception) -> str:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Runs a command; a runtime error it does not report itself is one line and exit 1, Ctrl-C one line and 130
+    (`--debug` lets both through with their tracebacks)."""
     args = build_parser().parse_args(argv)
+    if args.debug:
+        return _command(args)
+    try:
+        return _command(args)
+    except KeyboardInterrupt:
+        print(f"rubric-jax {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as error:  # a bug or an environment problem: one line, the traceback behind --debug
+        print(f"rubric-jax {args.command}: {type(error).__name__}: {_one_line(error)} (rerun with --debug for the "
+              "traceback)", file=sys.stderr)
+        return 1
+
+
+def _command(args) -> int:
     if args.command == "judge-agreement":
         return _judge_agreement(args)
     if args.command == "plan":
@@ -342,18 +360,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from rubric_jax.quickstart import run_quickstart  # noqa: PLC0415
 
         run_quickstart(config)
-    elif args.command == "train":
-        from rubric_jax.training.rl import RunStopped, train_rl  # noqa: PLC0415
-
-        try:
-            train_rl(config, task)
-        except RunStopped as error:
-            print(f"rubric-jax train: {_one_line(error)}", file=sys.stderr)
-            return 1
-    elif args.command == "sft":
+    elif args.command in ("train", "sft"):
+        from rubric_jax.training.rl import train_rl  # noqa: PLC0415
+        from rubric_jax.training.runs import RunStopped  # noqa: PLC0415
         from rubric_jax.training.sft import train_sft  # noqa: PLC0415
 
-        train_sft(config, task)
+        try:
+            (train_rl if args.command == "train" else train_sft)(config, task)
+        except RunStopped as error:
+            print(f"rubric-jax {args.command}: {_one_line(error)}", file=sys.stderr)
+            return error.exit_code
     else:
         from rubric_jax import benchmark  # noqa: PLC0415
 

@@ -252,3 +252,34 @@ def test_bad_input_from_a_shell(tmp_path):
                             capture_output=True, text=True, timeout=300, check=False)
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr == f"rubric-jax eval: model directory {tmp_path / 'nonexistent'} does not exist\n"
+
+
+TINY_RL = ["configs/rar_arithmetic.yaml", "model.path=null",
+           "model.init={hidden_size: 32, intermediate_size: 64, num_layers: 1, num_heads: 2, num_kv_heads: 1, "
+           "head_dim: 16, max_position_embeddings: 256}"]
+
+
+def test_an_unexpected_runtime_error_is_one_line_and_debug_shows_the_traceback(tmp_path, monkeypatch, capsys):
+    from rubric_jax.training import rl
+
+    def broken(config, task):
+        raise RuntimeError("the accelerator\nwent away")
+
+    monkeypatch.setattr(rl, "train_rl", broken)
+    args = ["train", *TINY_RL, f"output_dir={tmp_path}/run"]
+    assert cli.main(args) == 1
+    assert capsys.readouterr().err == ("rubric-jax train: RuntimeError: the accelerator went away (rerun with --debug "
+                                       "for the traceback)\n")
+    with pytest.raises(RuntimeError, match="the accelerator"):
+        cli.main(["--debug", *args])
+
+
+def test_ctrl_c_outside_the_training_loop_is_one_line_and_exit_130(tmp_path, monkeypatch, capsys):
+    from rubric_jax.training import rl
+
+    def interrupted(config, task):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(rl, "train_rl", interrupted)
+    assert cli.main(["train", *TINY_RL, f"output_dir={tmp_path}/run"]) == 130
+    assert capsys.readouterr().err == "rubric-jax train: interrupted\n"

@@ -17,7 +17,7 @@ row in file order; a document is the row's prompt text.
 
 Conventions:
 - Each stage call sends the stage's prompt and, where the stage answers JSON, its pydantic model's JSON schema as
-  `response_format` (switched off for the run if the server rejects schemas: `judges.llm.ChatClient`). The answer
+  `response_format`, in the first dialect the server takes (`judges.llm.ChatClient`). The answer
   is validated by the model (`parsing.parse_structured`); an answer cut by max_tokens ("truncated"), not JSON
   ("no_json"), or off the schema ("schema") is asked again, with another seed, up to `output_attempts` times,
   then the source (or, in stage 3, the one question) is discarded and counted by "<stage>/<reason>". Nothing

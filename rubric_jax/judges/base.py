@@ -231,5 +231,10 @@ class Judge(abc.ABC):
         """The request counters (retries, failures) of the judge's HTTP client; None for judges without one."""
         return None
 
+    def format_metrics(self) -> dict[str, float]:
+        """An LLM judge's response-format dialect and schema violations (`llm.ChatClient.format_metrics`); {} for
+        judges without a chat server."""
+        return {}
+
     def close(self) -> None:
         """Releases the judge's connections (its HTTP client's); a no-op for judges without any."""

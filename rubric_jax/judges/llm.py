@@ -10,11 +10,15 @@ Beside the judges, `LLMMetaVerifier` audits generated rubrics rather than rollou
 one call per proposed criterion, on the same `ChatClient` and under the same conventions.
 
 Conventions:
-- Low temperature (0 by default), a fixed `max_tokens`, and JSON-schema-constrained decoding
-  (`response_format: {"type": "json_schema", ...}`) when the format has a schema and the server takes it: after
-  a 4xx answer to a request that carried a schema, the call is repeated without one, and if that succeeds
-  schemas are switched off for the rest of the client's life (counted in `ChatClient.schema_rejections`). The
-  parser stays the check either way, since not every server enforces the schema.
+- Low temperature (0 by default), a fixed `max_tokens`, and JSON-schema-constrained decoding when the format
+  has a schema, in the first response-format dialect the server takes (`RESPONSE_FORMAT_DIALECTS`): OpenAI's
+  `{"type": "json_schema", "json_schema": {...}}` (SGLang, vLLM, llama.cpp's llama-server), then
+  `{"type": "json_object", "schema": ...}` (llama-cpp-python's server, which answers 500 to the first), then
+  none. A 4xx answer to a request that carried a schema, or a 5xx whose body names the response format or the
+  schema, repeats the call in the next dialect; if that succeeds the client keeps that dialect for the rest of
+  its life (`ChatClient.dialect`, `dialect_changes`). The parser stays the check in every dialect: a server may
+  accept a schema and ignore it (`transformers serve`), which shows as answers sent under a schema that do not
+  parse (`ChatClient.schema_violations`, counted by the judges).
 - All calls of a batch are issued at once; the `JsonHttpClient` bounds how many are in flight and retries 5xx,
   timeouts, dropped connections and malformed bodies with backoff (its `stats` count them).
 - Failures never raise and are counted per call (`failures`, a `parsing.FailureCounter`):
@@ -106,10 +110,29 @@ class ChatClient:
     def __init__(self, http: JsonHttpClient, settings: ChatSettings):
         self.http = http
         self.settings = settings
-        self.schemas_accepted = settings.json_schema
-        self.schema_rejections = 0
+        self.dialect = RESPONSE_FORMAT_DIALECTS[0] if settings.json_schema else "none"
+        self.dialect_changes = 0
+        self.schema_violations = 0
 
-    def _payload(self, messages: Messages, schema: Optional[Mapping[str, Any]], seed: Optional[int] = None) -> dict:
+    @property
+    def schemas_sent(self) -> bool:
+        """Whether requests with a schema carry it (the dialect is not "none")."""
+        return self.dialect != "none"
+
+    def note_unparsed(self, schema: Optional[Mapping[str, Any]]) -> None:
+        """Counts an answer that did not parse although it was asked for under `schema` (the server ignored the
+        schema, or cut the answer)."""
+        if schema is not None and self.schemas_sent:
+            self.schema_violations += 1
+
+    def format_metrics(self) -> dict[str, float]:
+        """{"response_format": the dialect's rank (2 json_schema, 1 json_object, 0 none), "dialect_changes",
+        "schema_violations"}, for a run's metrics."""
+        return {"response_format": float(_rank(self.dialect) - 1),
+                "dialect_changes": float(self.dialect_changes), "schema_violations": float(self.schema_violations)}
+
+    def _payload(self, messages: Messages, schema: Optional[Mapping[str, Any]], seed: Optional[int] = None,
+                 dialect: str = "none") -> dict:
         payload = {
             "model": self.settings.model,
             "messages": list(messages),
@@ -119,11 +142,13 @@ class ChatClient:
         seed = self.settings.seed if seed is None else seed
         if seed is not None:
             payload["seed"] = seed
-        if schema is not None:
+        if schema is not None and dialect == "json_schema":
             payload["response_format"] = {
                 "type": "json_schema",
                 "json_schema": {"name": "judgement", "schema": dict(schema), "strict": True},
             }
+        elif schema is not None and dialect == "json_object":
+            payload["response_format"] = {"type": "json_object", "schema": dict(schema)}
         return payload
 
     async def complete(self, messages: Messages, schema: Optional[Mapping[str, Any]] = None) -> str:
@@ -135,20 +160,38 @@ class ChatClient:
                     seed: Optional[int] = None) -> ChatReply:
         """`complete`'s answer with its finish reason; `seed` replaces the settings' seed for this call (a
         retried generation asks for another sample)."""
-        if schema is None or not self.schemas_accepted:
-            return await self.http.post_json(CHAT_PATH, self._payload(messages, None, seed), chat_reply)
-        try:
-            return await self.http.post_json(CHAT_PATH, self._payload(messages, schema, seed), chat_reply)
-        except RequestFailed as error:
-            if error.status is None or not 400 <= error.status < 500:
-                raise
-        # A 4xx may be the schema's fault or the request's: schemas are switched off only if the same request
-        # without one succeeds.
-        answer = await self.http.post_json(CHAT_PATH, self._payload(messages, None, seed), chat_reply)
-        if self.schemas_accepted:
-            self.schemas_accepted = False
-            self.schema_rejections += 1
-        return answer
+        dialect = self.dialect if schema is not None else "none"
+        while True:
+            try:
+                answer = await self.http.post_json(CHAT_PATH, self._payload(messages, schema, seed, dialect),
+                                                   chat_reply)
+            except RequestFailed as error:
+                if dialect == "none" or not _blames_the_format(error):
+                    raise
+                # The next dialect for this request; the client adopts it only once it has worked.
+                dialect = RESPONSE_FORMAT_DIALECTS[RESPONSE_FORMAT_DIALECTS.index(dialect) + 1]
+                continue
+            if schema is not None and _rank(dialect) < _rank(self.dialect):
+                self.dialect = dialect
+                self.dialect_changes += 1
+            return answer
+
+
+RESPONSE_FORMAT_DIALECTS = ("json_schema", "json_object", "none")
+
+
+def _rank(dialect: str) -> int:
+    return len(RESPONSE_FORMAT_DIALECTS) - RESPONSE_FORMAT_DIALECTS.index(dialect)
+
+
+def _blames_the_format(error: RequestFailed) -> bool:
+    """A 4xx (the schema's fault or the request's: the next dialect tells), or a 5xx whose body names the response
+    format or the schema (llama-cpp-python's answer to a json_schema response_format)."""
+    if error.status is None:
+        return False
+    detail = error.detail.lower()
+    return 400 <= error.status < 500 or (error.status >= 500 and any(
+        word in detail for word in ("response_format", "response format", "json_schema", "schema", "grammar")))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -260,6 +303,9 @@ class _LLMJudge(Judge):
     def http_stats(self) -> ClientStats:
         return self.chat.http.stats
 
+    def format_metrics(self) -> dict[str, float]:
+        return self.chat.format_metrics()
+
     def close(self) -> None:
         self.chat.http.close()
 
@@ -277,8 +323,10 @@ class RolloutLLMJudge(_LLMJudge):
         except RequestFailed as error:
             self.failures.record_failure(REQUEST_FAILED)
             return _request_failure(error)
+        schema = self.fmt.schema(request)
         result = self.fmt.parse(text, request)
         if not self.failures.record(result):
+            self.chat.note_unparsed(schema)
             return RolloutVerdict.failure(result.reason, result.detail)
         steps = result.values.get("step_k")
         return RolloutVerdict(
@@ -302,9 +350,11 @@ class CriterionLLMJudge(_LLMJudge):
         self.fmt = fmt
 
     async def _rate(self, request: JudgeRequest, k: int) -> float:
-        text = await self.chat.complete(self.fmt.messages(request, k), self.fmt.schema())
+        schema = self.fmt.schema()
+        text = await self.chat.complete(self.fmt.messages(request, k), schema)
         result = self.fmt.parse(text)
-        self.failures.record(result)
+        if not self.failures.record(result):
+            self.chat.note_unparsed(schema)
         return float(result.values["rating"]) if result.ok else 0.0
 
     async def _judge_one(self, request: JudgeRequest) -> RolloutVerdict:
@@ -384,6 +434,7 @@ class LLMMetaVerifier:
             return META_VERIFIER_FAILED
         result = parsing.parse_meta_verdict(text, categories=self.categories)
         if not self.failures.record(result):
+            self.chat.note_unparsed(self.schema)
             return META_VERIFIER_FAILED
         if result.values["valid"]:
             return None
@@ -392,6 +443,9 @@ class LLMMetaVerifier:
 
     def http_stats(self) -> ClientStats:
         return self.chat.http.stats
+
+    def format_metrics(self) -> dict[str, float]:
+        return self.chat.format_metrics()
 
     def close(self) -> None:
         self.chat.http.close()

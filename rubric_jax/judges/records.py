@@ -217,6 +217,9 @@ class RecordingJudge(Judge):
     def http_stats(self) -> Optional[ClientStats]:
         return self.inner.http_stats()
 
+    def format_metrics(self) -> dict[str, float]:
+        return self.inner.format_metrics()
+
     def close(self) -> None:
         self.inner.close()
 

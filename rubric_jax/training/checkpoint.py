@@ -130,6 +130,11 @@ class Checkpointer:
         )
         return restored["state"], dict(restored["meta"])
 
+    def reload(self) -> None:
+        """Re-reads the committed steps from disk, after a step directory was moved aside by hand or by
+        `runs.restore_latest` (orbax keeps its own list, which it prunes from)."""
+        self._manager.reload()
+
     def wait(self) -> None:
         """Blocks until the write in flight, if any, has committed (and old steps are pruned); raises its error."""
         self._manager.wait_until_finished()

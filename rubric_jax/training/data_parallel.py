@@ -67,6 +67,11 @@ def _max_over_processes(values: Sequence[int]) -> list[int]:
     return multihost_utils.process_allgather(np.asarray(values, np.int32)).max(axis=0).tolist()
 
 
+def any_process(flag: bool) -> bool:
+    """Whether `flag` is true on any process (an all-gather when there are several; every process must call)."""
+    return bool(_max_over_processes((int(flag),))[0])
+
+
 def align_batch(batch: Mapping[str, np.ndarray], prompt_width: int, pad_id: int, rows_multiple: int
                 ) -> tuple[dict[str, np.ndarray], int]:
     """(this process's share of the step's batch in the shape every process agrees on, the common prompt width),

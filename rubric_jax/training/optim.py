@@ -83,6 +83,19 @@ def learning_rate_schedule(config: OptimizerConfig) -> optax.Schedule:
     return schedule
 
 
+def schedule_mismatch(config: OptimizerConfig, updates: int, section: str = "optimizer") -> Optional[str]:
+    """The warning for a cosine schedule whose `total_steps` is not the run's number of `updates` (a `steps`
+    override that left the schedule at the config's length: the decay then stops early or never finishes), else
+    None."""
+    if config.schedule != "cosine" or config.total_steps == updates:
+        return None
+    reached = min(1.0, max(0.0, (updates - config.warmup_steps) / (config.total_steps - config.warmup_steps)))
+    return (f"{section}.total_steps is {config.total_steps} but the run makes {updates} optimizer updates: its cosine "
+            f"schedule ends {reached:.0%} of the way through its decay (learning rate "
+            f"{float(learning_rate_schedule(config)(updates - 1)):.3g} at the last update); set "
+            f"{section}.total_steps={updates} to fit the schedule to the run")
+
+
 def weight_decay_mask(params):
     """True for the parameters AdamW decays: rank >= 2 (module docstring)."""
     return jax.tree.map(lambda p: jnp.ndim(p) >= 2, params)

@@ -55,6 +55,7 @@ import logging
 import os
 import pickle
 import re
+import signal
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -76,9 +77,10 @@ from rubric_jax.core.advantages import whiten_tokens
 from rubric_jax.models import sharding, train_step
 from rubric_jax.models.value import make_value_train_step, make_values_fn
 from rubric_jax.training import data_parallel, policy, runs
+from rubric_jax.training.runs import RunStopped
 from rubric_jax.training.evaluate import evaluate
 from rubric_jax.training.metrics import PhaseTimer
-from rubric_jax.training.optim import learning_rate_schedule, make_optimizer
+from rubric_jax.training.optim import learning_rate_schedule, make_optimizer, schedule_mismatch
 from rubric_jax.training.run_config import (CriticConfig, JudgeConfig, MetaVerifierConfig, RLConfig,
                                              resolve_algorithm)
 from rubric_jax.yaml_config import save_config
@@ -211,12 +213,6 @@ def make_frozen_engine(config: RLConfig, initial_model, tokenizer) -> RolloutEng
     rollout = dataclasses.replace(config.rollout, sglang_url=config.rollout.frozen_sglang_url, frozen_sglang_url=None)
     frozen = dataclasses.replace(config, rollout=rollout, output_dir=os.path.join(config.output_dir, "frozen"))
     return make_engine(frozen, initial_model, tokenizer, "initial")
-
-
-class RunStopped(RuntimeError):
-    """A run that cannot start or cannot learn, with a one-line reason: a judge server that does not answer or
-    refuses the credentials, or judge failures beyond the failure budget (`JudgeConfig`). `rubric-jax train`
-    prints the reason and exits 1."""
 
 
 # Long enough for a loaded server to list its models, short enough that a wrong URL is reported at once.
@@ -483,21 +479,29 @@ def train_rl(config: RLConfig, task: Any, *, judge=None, model=None, tokenizer=N
             probe_chat_server(judge.chat, "judge")
         if meta_verifier is not None:
             probe_chat_server(meta_verifier.chat, "meta_verifier")
+        runs.check_relaunch(Path(config.output_dir), config)
     except RunStopped:
         for client in ([judge] if judge_owned else []) + ([meta_verifier] if meta_verifier is not None else []):
             client.close()
         raise
+    mesh = policy.make_mesh(config.learner.mesh)
+    if model is None:
+        model, tokenizer = policy.build_policy(config.model, task, mesh)
+    # Only now, with the judge answering, the history checked and the model built: a launch that fails before
+    # this point has written nothing.
     out = Path(config.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     if jax.process_index() == 0:
         save_config(config, out / "config.yaml")
-
-    mesh = policy.make_mesh(config.learner.mesh)
-    if model is None:
-        model, tokenizer = policy.build_policy(config.model, task, mesh)
     optimizer = make_optimizer(config.optimizer)
     schedule = learning_rate_schedule(config.optimizer)
     critic_schedule = learning_rate_schedule(config.critic.optimizer)
+    run_updates = config.steps * config.learner.epochs * config.learner.mini_batches
+    for section, optimizer_config in (("optimizer", config.optimizer),
+                                      *((("critic.optimizer", config.critic.optimizer),) if algorithm.uses_critic
+                                        else ())):
+        if (warning := schedule_mismatch(optimizer_config, run_updates, section)) is not None:
+            _LOG.warning(warning)
     graphdef, state = policy.init_learner_state(model, optimizer, mesh, algorithm.needs_reference)
     rules = sharding.partition_rules(model.config)
     critic_graphdef = critic_optimizer = None
@@ -556,7 +560,8 @@ def train_rl(config: RLConfig, task: Any, *, judge=None, model=None, tokenizer=N
         return sample_experience(algorithm, examples, context, recorder, step, weight_step,
                                  logs_rollouts=bool(log_every) and (step + 1) % log_every == 0)
 
-    with writer, checkpointer, contextlib.closing(engine), contextlib.ExitStack() as owned:
+    with writer, checkpointer, contextlib.closing(engine), contextlib.ExitStack() as owned, \
+            runs.StopRequests() as stop:
         if judge_owned:
             owned.callback(judge.close)
         if frozen_engine is not None:
@@ -610,6 +615,9 @@ def train_rl(config: RLConfig, task: Any, *, judge=None, model=None, tokenizer=N
                                           meta_verifier.http_stats() if meta_verifier is not None else None,
                                           meta_verifier_requests_seen),
                        **_request_metrics("engine", engine.http_stats(), engine_requests_seen),
+                       **{f"judge/{key}": value for key, value in judge.format_metrics().items()},
+                       **({f"meta_verifier/{key}": value for key, value in meta_verifier.format_metrics().items()}
+                          if meta_verifier is not None else {}),
                        "train/learning_rate": float(schedule((step + 1) * updates_per_step - 1))}
             if sampled.records is not None:
                 if jax.process_index() == 0:  # its share of the rollouts (docs/multihost.md)
@@ -620,7 +628,9 @@ def train_rl(config: RLConfig, task: Any, *, judge=None, model=None, tokenizer=N
                     metrics.update(evaluate(engine, tokenizer, task, judge, eval_examples, config.eval,
                                             max_new_tokens=rollout.max_new_tokens, seed=config.seed,
                                             recipes=(config.algorithm.name,)))
-            if (step + 1) % config.checkpoint.every_steps == 0 or step + 1 == config.steps:
+            # SIGINT / SIGTERM: every process learns of a signal any of them got, so all stop at this step.
+            stopping = data_parallel.any_process(stop.requested is not None) and step + 1 < config.steps
+            if (step + 1) % config.checkpoint.every_steps == 0 or step + 1 == config.steps or stopping:
                 with timer.phase("checkpoint"):
                     if pending is not None:
                         save_pending(out, step + 1, pending, min(checkpointer.all_steps(), default=step + 1))
@@ -630,5 +640,11 @@ def train_rl(config: RLConfig, task: Any, *, judge=None, model=None, tokenizer=N
             metrics.update(timer.metrics())
             metrics["time/step"] = time.monotonic() - step_started  # wall time: the phases and what lies between
             writer.write(step + 1, metrics)
+            if stopping:
+                checkpointer.wait()
+                number = stop.requested or signal.SIGTERM  # another process's signal
+                raise runs.RunInterrupted(f"stopped by {signal.Signals(number).name} after step {step + 1} of "
+                                          f"{config.steps}, checkpointed in {out / 'checkpoints'}: the same command "
+                                          "resumes it", number)
     runs.save_outputs(out, graphdef, state.params, tokenizer, RL_PLOTS if config.metrics.plots else None)
     return metrics

@@ -7,34 +7,188 @@ metrics line). Resuming restores the state onto the current layout, refuses a ru
 streams would not continue), and rewrites the checkpointed step's metrics line when the kill came between the
 checkpoint and that line.
 
+Relaunching (`check_relaunch`): a directory with history (checkpoints or metrics) resumes only under the config
+it was started with, apart from RELAUNCH_SAFE_KEYS, and never with checkpoint.resume false; a checkpoint newer
+than the newest that restores is set aside (`restore_latest`); SIGINT and SIGTERM stop a run at the end of a step
+(`StopRequests`, `RunInterrupted`).
+
 Multi-process runs (`docs/multihost.md`): every process calls these functions; the checkpoint is written and read
 by all of them (orbax: each process its own shards), the metrics log, config and plots by process 0 alone
 (`open_metrics` gives the other processes a writer that writes nothing), and the final policy is gathered to and
 written by process 0 (`safetensors_io.save_hf_checkpoint`).
 """
 
+import logging
+import signal
+import sys
+import threading
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
 import jax
+import yaml
 from flax import nnx
 
 from rubric_jax.training import policy
 from rubric_jax.training.checkpoint import Checkpointer
 from rubric_jax.training.metrics import DEFAULT_CONSOLE_KEYS, METRICS_FILE, MetricsWriter, plot_metrics, read_metrics
 from rubric_jax.training.run_config import CheckpointConfig, MetricsConfig
+from rubric_jax.yaml_config import config_to_dict
+
+_LOG = logging.getLogger(__name__)
+
+
+class RunStopped(RuntimeError):
+    """A run that must not start or cannot go on, with a one-line reason: a relaunch that would rewrite another
+    run's history (`check_relaunch`), a judge server that does not answer or refuses the credentials, judge
+    failures beyond the failure budget (`training.rl`). The CLI prints the reason and exits `exit_code`."""
+
+    exit_code = 1
+
+
+class RunInterrupted(RunStopped):
+    """SIGINT or SIGTERM stopped the run at a safe point, after checkpointing (`StopRequests`); the exit code is
+    the shell's for that signal (128 + its number)."""
+
+    def __init__(self, message: str, signal_number: int):
+        super().__init__(message)
+        self.exit_code = 128 + signal_number
+
+
+class StopRequests:
+    """While active (a `with` block), SIGINT and SIGTERM ask the run to stop at its next safe point, the end of a
+    step, instead of killing it mid-write: `requested` is then the signal's number. The first signal restores the
+    previous handlers, so a second one acts as it always does (Ctrl-C twice interrupts at once). Signal handlers
+    can only be set from the main thread: elsewhere (a run in a worker thread) it does nothing."""
+
+    def __init__(self):
+        self.requested: Optional[int] = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> "StopRequests":
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {number: signal.signal(number, self._handle) for number in (signal.SIGINT, signal.SIGTERM)}
+        return self
+
+    def _handle(self, number: int, frame: Any) -> None:
+        del frame
+        self.requested = number
+        self._restore()
+        print(f"[rubric-jax] {signal.Signals(number).name}: stopping after this step, with a checkpoint (send it "
+              "again to stop at once)", file=sys.stderr, flush=True)
+
+    def _restore(self) -> None:
+        for number, previous in self._previous.items():
+            signal.signal(number, previous)
+        self._previous = {}
+
+    def __exit__(self, *exc_info) -> None:
+        self._restore()
+
+
+# What a relaunch may change and still resume the run: how long it goes on, how often it evaluates, checkpoints
+# and logs, and how its servers are reached and retried; never what or how it learns. A key matches itself and
+# the keys below it ("metrics" matches "metrics.console").
+RELAUNCH_SAFE_KEYS = (
+    "output_dir", "steps", "eval.every_steps", "checkpoint.every_steps", "checkpoint.keep", "checkpoint.async_save",
+    "metrics", "rollout_log.every_steps", "rollout.sglang_url", "rollout.frozen_sglang_url",
+    *(f"{section}.{key}" for section in ("judge", "meta_verifier")
+      for key in ("url", "max_in_flight", "max_attempts", "timeout_s", "api_key_env", "headers")),
+    "judge.max_failure_rate", "judge.max_failing_steps",
+)
+
+
+def _flat(data: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(data, Mapping) and data:
+        return {key: value for name, item in data.items() for key, value in _flat(item, f"{prefix}{name}.").items()}
+    return {prefix[:-1]: data}
+
+
+def _safe_to_change(key: str) -> bool:
+    return any(key == safe or key.startswith(safe + ".") for safe in RELAUNCH_SAFE_KEYS)
+
+
+def check_relaunch(out: Path, config: Any) -> None:
+    """Refuses (RunStopped) a launch that would rewrite the history of the run in `out` (its checkpoints or
+    metrics log): with `checkpoint.resume`, when the config saved there differs from `config` (both resolved) in
+    a key outside RELAUNCH_SAFE_KEYS, naming the keys; without it, when `out` holds checkpoints at all (a fresh
+    run would mix its steps with theirs). A directory without history (nothing run yet) takes any config."""
+    checkpoints = out / "checkpoints"
+    has_history = (checkpoints.is_dir() and any(checkpoints.iterdir())) or (
+        (out / METRICS_FILE).is_file() and (out / METRICS_FILE).stat().st_size > 0)
+    if not has_history:
+        return
+    if not config.checkpoint.resume:
+        raise RunStopped(f"output_dir {out} holds a run and checkpoint.resume is false: a fresh run there would mix "
+                         "its steps with that run's; choose another output_dir (or delete that one)")
+    saved_path = out / "config.yaml"
+    if not saved_path.is_file():
+        return
+    saved = _flat(yaml.safe_load(saved_path.read_text(encoding="utf-8")) or {})
+    current = _flat(config_to_dict(config))
+    missing = object()
+    # The shallowest keys first: "algorithm.name" says more than the twenty parameters that differ with it.
+    differing = sorted((key for key in saved.keys() | current.keys()
+                        if saved.get(key, missing) != current.get(key, missing) and not _safe_to_change(key)),
+                       key=lambda key: (key.count("."), key))
+    if differing:
+        shown = "; ".join(f"{key}: {saved.get(key, '(absent)')!r} -> {current.get(key, '(absent)')!r}"
+                          for key in differing[:6])
+        more = f" and {len(differing) - 6} more" if len(differing) > 6 else ""
+        raise RunStopped(f"output_dir {out} holds a run with another config ({shown}{more}): resuming would "
+                         "continue it under settings it did not start with; relaunch with its config.yaml (only "
+                         "steps, evaluation, checkpoint and logging frequencies and server addresses may change) "
+                         "or choose another output_dir")
 
 
 def open_checkpoints(out: Path, config: CheckpointConfig) -> Checkpointer:
     return Checkpointer(out / "checkpoints", max_to_keep=config.keep, async_save=config.async_save)
 
 
+def _set_aside(checkpointer: Checkpointer, step: int) -> Path:
+    """Renames a checkpoint that does not restore to `<step>.unrestorable` (kept for inspection, no longer a
+    committed step, so the resumed run can write that step again); process 0 renames, every process waits."""
+    source = Path(str(checkpointer.directory)) / str(step)
+    target = source.with_name(f"{step}.unrestorable")
+    if jax.process_index() == 0:
+        suffix = 1
+        while target.exists():
+            suffix += 1
+            target = source.with_name(f"{step}.unrestorable.{suffix}")
+        source.rename(target)
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils  # noqa: PLC0415
+
+        multihost_utils.sync_global_devices(f"rubric_jax set aside checkpoint {step}")
+    return target
+
+
 def restore_latest(checkpointer: Checkpointer, state: policy.LearnerState, config: CheckpointConfig, seed: int
                    ) -> tuple[policy.LearnerState, Optional[dict]]:
-    """(the latest checkpoint's state, its meta) when `config.resume` and there is one, else (`state`, None)."""
+    """(the newest checkpoint's state that restores, its meta) when `config.resume` and there is one, else
+    (`state`, None). A checkpoint newer than the one that restores (a corrupted file, a write cut short by a full
+    disk) is set aside as `<step>.unrestorable` with a one-line warning; RunStopped, renaming nothing, when none
+    restores."""
     if not config.resume or checkpointer.latest_step() is None:
         return state, None
-    tree, meta = checkpointer.restore(None, policy.abstract_learner_state(state))
+    abstract = policy.abstract_learner_state(state)
+    failures: list[tuple[int, str]] = []
+    for step in reversed(checkpointer.all_steps()):
+        try:
+            tree, meta = checkpointer.restore(step, abstract)
+            break
+        except Exception as error:  # orbax raises many kinds for a damaged checkpoint; each means "not this one"
+            failures.append((step, f"{type(error).__name__}: {' '.join(str(error).split())[:200]}"))
+    else:
+        # Nothing restores: more likely a state that changed shape than every file damaged; nothing is renamed.
+        step, problem = failures[0]
+        raise RunStopped(f"no checkpoint in {checkpointer.directory} restores (step {step}: {problem})")
+    for failed_step, problem in failures:  # newer than the one restored: damaged
+        target = _set_aside(checkpointer, failed_step)
+        _LOG.warning("checkpoint step %d of %s does not restore (%s): set aside as %s; resuming from step %d",
+                     failed_step, checkpointer.directory, problem, target.name, meta["step"])
+    if failures:
+        checkpointer.reload()
     if meta["seed"] != seed:
         raise ValueError(f"{checkpointer.directory} holds a run with seed {meta['seed']}, not {seed}: resuming it "
                          "with another seed would not continue it; use another output_dir or checkpoint.resume=false")

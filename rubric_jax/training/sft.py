@@ -13,6 +13,7 @@ exactly as in RL. At the end the model is saved as a Hugging Face directory `out
 tokenizer, which `ModelSpec(path=...)`, transformers and SGLang load.
 """
 
+import logging
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
@@ -24,7 +25,7 @@ from rubric_jax.models import sharding, train_step
 from rubric_jax.models.tokenizer import apply_chat_template
 from rubric_jax.training import policy, runs
 from rubric_jax.training.metrics import PhaseTimer
-from rubric_jax.training.optim import learning_rate_schedule, make_optimizer
+from rubric_jax.training.optim import learning_rate_schedule, make_optimizer, schedule_mismatch
 from rubric_jax.training.run_config import SFTConfig
 from rubric_jax.yaml_config import save_config
 
@@ -48,13 +49,16 @@ def sft_batch(task: Any, tokenizer: Any, examples, max_response_tokens: int,
 def train_sft(config: SFTConfig, task: Any, *, model=None, tokenizer=None) -> dict[str, float]:
     """Runs (or resumes) the SFT run `config` on `task`; returns the last step's metrics (module docstring)."""
     out = Path(config.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    save_config(config, out / "config.yaml")
+    runs.check_relaunch(out, config)
     mesh = policy.make_mesh(config.mesh)
     if model is None:
         model, tokenizer = policy.build_policy(config.model, task, mesh)
+    out.mkdir(parents=True, exist_ok=True)  # after the checks and the model: a failed launch writes nothing
+    save_config(config, out / "config.yaml")
     optimizer = make_optimizer(config.optimizer)
     schedule = learning_rate_schedule(config.optimizer)
+    if (warning := schedule_mismatch(config.optimizer, config.steps)) is not None:
+        logging.getLogger(__name__).warning(warning)
     graphdef, state = policy.init_learner_state(model, optimizer, mesh, with_reference=False)
     rules = sharding.partition_rules(model.config)
 

@@ -170,6 +170,8 @@ class StandinServer:
     responder:  answers /v1/chat/completions (None: 503).
     latency_s:  added to every POST answer (settable while running).
     model_path: reported by /model_info.
+    response_format_errors: {response_format type: HTTP status} answered, with a body naming the response format,
+                to every chat request of that type (llama-cpp-python's server answers 500 to "json_schema").
     """
 
     def __init__(
@@ -180,7 +182,9 @@ class StandinServer:
         responder: Optional[Responder] = None,
         latency_s: float = 0.0,
         model_path: str = "standin",
+        response_format_errors: Optional[dict[str, int]] = None,
     ):
+        self.response_format_errors = dict(response_format_errors or {})
         self.engine = engine
         self.tokenizer = tokenizer
         self.responder = responder
@@ -439,6 +443,9 @@ class StandinServer:
             messages = self._check_chat_body(body)
         except _BadRequest as error:
             return _error(400, str(error))
+        kind = (body.get("response_format") or {}).get("type")
+        if kind in self.response_format_errors:
+            return _error(self.response_format_errors[kind], f"response_format type {kind} is not supported")
         self.chat_requests.append(body)
         try:
             contents = [self.responder(messages) for _ in range(body.get("n", 1))]

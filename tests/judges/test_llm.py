@@ -125,23 +125,57 @@ def test_a_request_out_of_retries_fails_the_rollout_not_the_run(server, make_jud
     assert judge.failures.by_reason == {REQUEST_FAILED: 1} and judge.chat.http.stats.failures == 1
 
 
-def test_schema_rejected_by_the_server_is_dropped_after_a_successful_retry(server, make_judge):
+def _formats(server) -> list:
+    return [(b.get("response_format") or {}).get("type") for b in server.chat_requests]
+
+
+def test_a_4xx_to_a_schema_moves_to_the_next_dialect_once_that_works(server, make_judge):
     server.responder = lambda m: srar_answer([(False, 0)] * 3)
     server.inject(http_error(400, CHAT_PATH))
     judge = make_judge(server, RolloutLLMJudge, srar_format())
     assert not judge.judge([srar_request("x")], max_items=3).failed_b.any()
-    assert not judge.chat.schemas_accepted and judge.chat.schema_rejections == 1
+    assert judge.chat.dialect == "json_object" and judge.chat.dialect_changes == 1
     judge.judge([srar_request("y")], max_items=3)
-    assert ["response_format" in b for b in server.chat_requests] == [False, False]  # the 400 was not recorded
+    assert _formats(server) == ["json_object", "json_object"]  # the 400 was not recorded
+    assert judge.format_metrics() == {"response_format": 1.0, "dialect_changes": 1.0, "schema_violations": 0.0}
+    assert "schema" in server.chat_requests[0]["response_format"]
 
 
-def test_a_4xx_that_is_not_the_schemas_fault_keeps_schemas_on(server, make_judge):
+def test_a_4xx_that_is_not_the_schemas_fault_keeps_the_dialect(server, make_judge):
     server.responder = lambda m: srar_answer([(False, 0)] * 3)
-    server.inject(http_error(400, CHAT_PATH), http_error(400, CHAT_PATH))
+    server.inject(*[http_error(400, CHAT_PATH)] * 3)  # every dialect refused: the request itself is bad
     judge = make_judge(server, RolloutLLMJudge, srar_format())
     verdicts = judge.judge([srar_request("x")], max_items=3)
     assert verdicts.reasons == (REQUEST_FAILED,)
-    assert judge.chat.schemas_accepted and judge.chat.schema_rejections == 0
+    assert judge.chat.dialect == "json_schema" and judge.chat.dialect_changes == 0
+
+
+def test_a_server_that_answers_500_to_json_schema_gets_json_object_with_the_schema(make_judge):
+    """llama-cpp-python's server: HTTP 500 naming the response format to every json_schema request (retried,
+    then the next dialect), json_object with a "schema" accepted."""
+    with StandinServer(responder=lambda m: srar_answer([(True, 1)] * 3),
+                       response_format_errors={"json_schema": 500}) as server:
+        judge = make_judge(server, RolloutLLMJudge, srar_format())
+        assert not judge.judge([srar_request("x"), srar_request("y")], max_items=3).failed_b.any()
+        assert judge.chat.dialect == "json_object" and judge.chat.dialect_changes == 1
+        assert _formats(server) == ["json_object", "json_object"]
+
+
+def test_a_server_that_refuses_every_schema_is_asked_without_one(make_judge):
+    with StandinServer(responder=lambda m: srar_answer([(True, 1)] * 3),
+                       response_format_errors={"json_schema": 400, "json_object": 400}) as server:
+        judge = make_judge(server, RolloutLLMJudge, srar_format())
+        assert not judge.judge([srar_request("x")], max_items=3).failed_b.any()
+        assert judge.chat.dialect == "none" and judge.format_metrics()["response_format"] == 0.0
+        assert _formats(server) == [None]
+
+
+def test_a_server_that_ignores_the_schema_shows_as_schema_violations(server, make_judge):
+    server.responder = lambda m: "The response looks fine to me."  # not the JSON the schema asked for
+    judge = make_judge(server, RolloutLLMJudge, srar_format())
+    verdicts = judge.judge([srar_request("x"), srar_request("y")], max_items=3)
+    assert verdicts.failed_b.all() and judge.chat.dialect == "json_schema"
+    assert judge.format_metrics()["schema_violations"] == 2.0
 
 
 def test_rollouts_are_judged_concurrently(server, make_judge):

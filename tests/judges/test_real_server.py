@@ -97,7 +97,7 @@ def test_complete_returns_the_servers_text_and_a_schema_is_taken_but_not_enforce
     plain = ask(chat, MESSAGES)
     assert isinstance(plain, str)
     assert ask(chat, MESSAGES, parsing.rating_schema()) == plain
-    assert chat.schemas_accepted and chat.schema_rejections == 0
+    assert chat.dialect == "json_schema" and chat.dialect_changes == 0
     assert chat.http.stats == ClientStats(requests=2, attempts=2)
 
     unknown_field = {"model": transformers_server.model, "messages": MESSAGES, "max_tokens": 1, "rubric_hint": 1}
@@ -137,7 +137,7 @@ def test_rollout_judge_fails_and_counts_every_answer_that_does_not_parse(make_ch
     assert judge.failures.parsed == judge.failures.failed == n
     assert judge.failures.by_reason == collections.Counter(verdicts.reasons)
     assert judge.http_stats() == ClientStats(requests=n, attempts=n)
-    assert judge.chat.schemas_accepted and judge.chat.schema_rejections == 0
+    assert judge.chat.dialect == "json_schema" and judge.chat.dialect_changes == 0
 
 
 def test_criterion_judge_scores_every_unparsable_rating_zero_and_counts_it(make_chat):
@@ -170,7 +170,7 @@ def test_a_model_the_server_does_not_serve_fails_every_rollout_without_retries(m
     assert judge.failures.by_reason == {REQUEST_FAILED: 2}
     assert judge.http_stats() == ClientStats(requests=4, attempts=4, failures=4,
                                              errors_by_reason=collections.Counter({"http_400": 4}))
-    assert judge.chat.schemas_accepted and judge.chat.schema_rejections == 0
+    assert judge.chat.dialect == "json_schema" and judge.chat.dialect_changes == 0
 
 
 def test_refused_connections_are_retried_then_counted_not_raised(refusing_url):

@@ -8,7 +8,7 @@ import numpy as np
 import optax
 import pytest
 
-from rubric_jax.training.optim import OptimizerConfig, learning_rate_schedule, make_optimizer
+from rubric_jax.training.optim import OptimizerConfig, learning_rate_schedule, make_optimizer, schedule_mismatch
 
 
 def reference_lr(config: OptimizerConfig, step: int) -> float:
@@ -92,3 +92,16 @@ def test_clipping_scales_the_gradient_adam_sees(max_grad_norm, scale):
 def test_invalid_config_is_a_value_error_naming_the_field(kwargs, field):
     with pytest.raises(ValueError, match=rf"optimizer\.{field}"):
         OptimizerConfig(**kwargs)
+
+
+def test_a_cosine_schedule_longer_or_shorter_than_the_run_is_named():
+    config = OptimizerConfig(learning_rate=1e-3, warmup_steps=4, schedule="cosine", total_steps=804)
+    warning = schedule_mismatch(config, 204)
+    # 200 of the decay's 800 updates: a quarter; lr at update 203 is floor 0 + 1e-3 (1 + cos(pi * 199 / 800)) / 2
+    assert warning.startswith("optimizer.total_steps is 804 but the run makes 204 optimizer updates: its cosine "
+                              "schedule ends 25% of the way through its decay")
+    assert f"learning rate {1e-3 * (1 + math.cos(math.pi * 199 / 800)) / 2:.3g} at the last update" in warning
+    assert warning.endswith("set optimizer.total_steps=204 to fit the schedule to the run")
+    assert schedule_mismatch(config, 804) is None
+    assert schedule_mismatch(OptimizerConfig(learning_rate=1e-3), 10) is None  # constant: no length
+    assert "critic.optimizer.total_steps is 804" in schedule_mismatch(config, 2000, "critic.optimizer")
