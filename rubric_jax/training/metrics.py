@@ -28,6 +28,7 @@ from typing import Iterator, Mapping, Optional, Sequence, TextIO, Union
 import numpy as np
 
 METRICS_FILE = "metrics.jsonl"
+SAMPLES_FILE = "samples.jsonl"
 DEFAULT_CONSOLE_KEYS = ("reward/mean", "judge/failure_rate", "train/loss", "train/grad_norm", "train/entropy")
 
 
@@ -66,6 +67,21 @@ def _duration(seconds: float) -> str:
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
+def _drop_stale_lines(path: Path, resume_step: Optional[int]):
+    """Rewrites a JSONL log of {"step": ...} lines without torn lines and, when resuming, without steps >
+    resume_step."""
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    kept = []
+    for line in lines:
+        record = _parse(line)
+        if record is not None and (resume_step is None or record["step"] <= resume_step):
+            kept.append(line if line.endswith("\n") else line + "\n")
+    if kept != lines:
+        temporary = path.with_name(path.name + ".tmp")
+        temporary.write_text("".join(kept), encoding="utf-8")
+        os.replace(temporary, path)
+
+
 class MetricsWriter:
     """Writes each step's metrics to `directory/metrics.jsonl`, TensorBoard and the console (module docstring).
 
@@ -86,9 +102,12 @@ class MetricsWriter:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.path = self.directory / METRICS_FILE
-        if self.path.exists():
-            self._drop_stale_lines(resume_step)
+        self.samples_path = self.directory / SAMPLES_FILE
+        for path in (self.path, self.samples_path):
+            if path.exists():
+                _drop_stale_lines(path, resume_step)
         self._file = open(self.path, "a", encoding="utf-8")
+        self._samples_file: Optional[TextIO] = None
         self._tensorboard = None
         if tensorboard:
             # Imported here: it takes a second, and readers and plotters of the log never need it.
@@ -107,18 +126,21 @@ class MetricsWriter:
         self._start = time.monotonic()
         self._writes = 0
 
-    def _drop_stale_lines(self, resume_step: Optional[int]):
-        """Rewrites the file without torn lines and, when resuming, without steps > resume_step."""
-        lines = self.path.read_text(encoding="utf-8").splitlines(keepends=True)
-        kept = []
-        for line in lines:
-            record = _parse(line)
-            if record is not None and (resume_step is None or record["step"] <= resume_step):
-                kept.append(line if line.endswith("\n") else line + "\n")
-        if kept != lines:
-            temporary = self.path.with_name(self.path.name + ".tmp")
-            temporary.write_text("".join(kept), encoding="utf-8")
-            os.replace(temporary, self.path)
+    def write_samples(self, step: int, samples: Sequence[Mapping[str, object]]):
+        """Logs a step's sample rollouts (JSON objects) to `directory/samples.jsonl`, one a line with the step,
+        and as one markdown text to TensorBoard ("samples")."""
+        if not samples:
+            return
+        if self._samples_file is None:
+            self._samples_file = open(self.samples_path, "a", encoding="utf-8")
+        for sample in samples:
+            self._samples_file.write(json.dumps({"step": operator.index(step), **sample}, ensure_ascii=False) + "\n")
+        self._samples_file.flush()
+        if self._tensorboard is not None:
+            text = "\n\n---\n\n".join("```\n" + json.dumps(sample, ensure_ascii=False, indent=1) + "\n```"
+                                       for sample in samples)
+            self._tensorboard.add_text("samples", text, step)
+            self._tensorboard.flush()
 
     def write(self, step: int, metrics: Mapping[str, object]):
         """Logs one step's metrics everywhere this writer logs to."""
@@ -151,6 +173,8 @@ class MetricsWriter:
     def close(self):
         if not self._file.closed:
             self._file.close()
+        if self._samples_file is not None and not self._samples_file.closed:
+            self._samples_file.close()
         if self._tensorboard is not None:
             self._tensorboard.close()
             self._tensorboard = None

@@ -55,7 +55,6 @@ import logging
 import os
 import pickle
 import re
-import signal
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -74,6 +73,7 @@ from rubric_jax.judges.base import Judge
 from rubric_jax.judges.records import JudgedRollout, RecordingJudge, write_judged_rollouts
 from rubric_jax.core import value as core_value
 from rubric_jax.core.advantages import whiten_tokens
+from rubric_jax.core.rewards import weighted_fraction
 from rubric_jax.models import sharding, train_step
 from rubric_jax.models.value import make_value_train_step, make_values_fn
 from rubric_jax.training import data_parallel, policy, runs
@@ -137,17 +137,20 @@ class SampledExperience:
     experience: Experience
     metrics: dict[str, float]
     records: Optional[list[JudgedRollout]]
+    logs_rollouts: bool = False  # whether `records` go to the step's rollout file (else only its samples)
 
 
 def sample_experience(algorithm, examples: list, context: RolloutContext, recorder: RecordingJudge, step: int,
-                      weight_step: int, logs_rollouts: bool) -> SampledExperience:
+                      weight_step: int, logs_rollouts: bool, keeps_samples: bool = False) -> SampledExperience:
     """Step `step`'s experience of `examples` from the engine's weights after `weight_step` updates (step 2 of
     the module docstring), with `recorder` (the context's judge) keeping the judged rollouts when
-    `logs_rollouts`. It times itself and records its prompt metrics apart from the learner, so it may run in a
-    background thread while the learner updates (`RolloutConfig.overlap`)."""
+    `logs_rollouts` (the step's rollout file) or `keeps_samples` (its first few, `samples_of`). It times itself
+    and records its prompt metrics apart from the learner, so it may run in a background thread while the learner
+    updates (`RolloutConfig.overlap`)."""
     timer = PhaseTimer()
     context = dataclasses.replace(context, timer=timer, prompt_metrics={})
-    recorder.recording = logs_rollouts
+    keeps = logs_rollouts or keeps_samples
+    recorder.recording = keeps
     try:
         experience = algorithm.experience(examples, context, step)
     finally:
@@ -155,7 +158,26 @@ def sample_experience(algorithm, examples: list, context: RolloutContext, record
     times = {name: seconds for name, seconds in timer.metrics().items() if name != "time/step"}
     metrics = {**experience.metrics, **{name: float(value) for name, value in context.prompt_metrics.items()},
                **times, "rollout/weight_step": float(weight_step), "rollout/policy_lag": float(step - weight_step)}
-    return SampledExperience(experience, metrics, recorder.take(step + 1) if logs_rollouts else None)
+    records = recorder.take(step + 1) if keeps else None
+    return SampledExperience(experience, metrics, records, logs_rollouts)
+
+
+def samples_of(records: list[JudgedRollout], count: int) -> list[dict[str, Any]]:
+    """The first `count` judged rollouts as samples to read (`RolloutLogConfig.samples_per_step`): id, question,
+    response, each criterion with its weight and verdict, the rubric score (the weighted fraction of the rubric
+    satisfied, as "eval/rubric_score"; a recipe's reward may shape it further) and the judge's failure reason."""
+    samples = []
+    for record in records[:count]:
+        criteria, verdict = record.request.rubric.criteria, record.verdict
+        satisfied = [None] * len(criteria) if verdict.failed else list(verdict.satisfied)
+        score = None if verdict.failed else float(weighted_fraction(
+            np.asarray([satisfied], np.float32), np.asarray([[c.weight for c in criteria]], np.float32),
+            np.ones((1, len(criteria)), bool))[0])
+        samples.append({"id": record.id, "question": record.request.question, "response": record.request.response,
+                        "criteria": [{"text": c.text, "weight": c.weight, "satisfied": s}
+                                     for c, s in zip(criteria, satisfied)],
+                        "rubric_score": score, "judge_failure": verdict.reason or None})
+    return samples
 
 
 def pending_path(out: Path, step: int) -> Path:
@@ -558,7 +580,8 @@ def train_rl(config: RLConfig, task: Any, *, judge=None, model=None, tokenizer=N
         log_every = config.rollout_log.every_steps
         examples = data_parallel.process_share(dataset.next_batch(rollout.prompts_per_step))
         return sample_experience(algorithm, examples, context, recorder, step, weight_step,
-                                 logs_rollouts=bool(log_every) and (step + 1) % log_every == 0)
+                                 logs_rollouts=bool(log_every) and (step + 1) % log_every == 0,
+                                 keeps_samples=config.rollout_log.samples_per_step > 0)
 
     with writer, checkpointer, contextlib.closing(engine), contextlib.ExitStack() as owned, \
             runs.StopRequests() as stop:
@@ -619,17 +642,18 @@ def train_rl(config: RLConfig, task: Any, *, judge=None, model=None, tokenizer=N
                        **({f"meta_verifier/{key}": value for key, value in meta_verifier.format_metrics().items()}
                           if meta_verifier is not None else {}),
                        "train/learning_rate": float(schedule((step + 1) * updates_per_step - 1))}
-            if sampled.records is not None:
+            if sampled.records is not None and sampled.logs_rollouts:
                 if jax.process_index() == 0:  # its share of the rollouts (docs/multihost.md)
                     write_judged_rollouts(rollout_log_path(out, step + 1), sampled.records)
                 metrics["rollout_log/records"] = len(sampled.records)
+            if sampled.records is not None:
+                writer.write_samples(step + 1, samples_of(sampled.records, config.rollout_log.samples_per_step))
             if config.eval.every_steps and (step + 1) % config.eval.every_steps == 0:
                 with timer.phase("eval"):
                     metrics.update(evaluate(engine, tokenizer, task, judge, eval_examples, config.eval,
                                             max_new_tokens=rollout.max_new_tokens, seed=config.seed,
                                             recipes=(config.algorithm.name,)))
-            # SIGINT / SIGTERM: every process learns of a signal any of them got, so all stop at this step.
-            stopping = data_parallel.any_process(stop.requested is not None) and step + 1 < config.steps
+            stopping = stop.stops_after(step, config.steps)
             if (step + 1) % config.checkpoint.every_steps == 0 or step + 1 == config.steps or stopping:
                 with timer.phase("checkpoint"):
                     if pending is not None:
@@ -642,9 +666,6 @@ def train_rl(config: RLConfig, task: Any, *, judge=None, model=None, tokenizer=N
             writer.write(step + 1, metrics)
             if stopping:
                 checkpointer.wait()
-                number = stop.requested or signal.SIGTERM  # another process's signal
-                raise runs.RunInterrupted(f"stopped by {signal.Signals(number).name} after step {step + 1} of "
-                                          f"{config.steps}, checkpointed in {out / 'checkpoints'}: the same command "
-                                          "resumes it", number)
+                raise stop.interruption(step, config.steps, out / "checkpoints")
     runs.save_outputs(out, graphdef, state.params, tokenizer, RL_PLOTS if config.metrics.plots else None)
     return metrics

@@ -277,12 +277,18 @@ class RolloutLogConfig:
     as in metrics.jsonl (step n: the rollouts sampled by the policy after n - 1 updates, whose rewards step n's
     update trained on), zero-padded to 6 digits. Whatever the recipe sends the judge in that step is saved
     (policy rollouts, refined responses); the step's evaluation is not. Each file is written atomically before
-    the step's checkpoint, so a resumed run rewrites the files of the steps it re-runs."""
+    the step's checkpoint, so a resumed run rewrites the files of the steps it re-runs.
+
+    `samples_per_step` (0: off): every step, the first judged rollouts of the step as samples to read (question,
+    response, each criterion's verdict, the rubric score and the judge's failure reason) in output_dir/samples.jsonl
+    and TensorBoard's text tab (`MetricsWriter.write_samples`)."""
 
     every_steps: int = 0
+    samples_per_step: int = 2
 
     def __post_init__(self):
         _require(self.every_steps >= 0, f"every_steps must be >= 0 (0: off), got {self.every_steps}")
+        _require(self.samples_per_step >= 0, f"samples_per_step must be >= 0 (0: off), got {self.samples_per_step}")
 
 
 def _check_chat_role(config: Any, section: str) -> None:

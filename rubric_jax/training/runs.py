@@ -29,7 +29,7 @@ import jax
 import yaml
 from flax import nnx
 
-from rubric_jax.training import policy
+from rubric_jax.training import data_parallel, policy
 from rubric_jax.training.checkpoint import Checkpointer
 from rubric_jax.training.metrics import DEFAULT_CONSOLE_KEYS, METRICS_FILE, MetricsWriter, plot_metrics, read_metrics
 from rubric_jax.training.run_config import CheckpointConfig, MetricsConfig
@@ -84,6 +84,17 @@ class StopRequests:
 
     def __exit__(self, *exc_info) -> None:
         self._restore()
+
+    def stops_after(self, step: int, total_steps: int) -> bool:
+        """Whether the run stops after its step `step` (0-based, of `total_steps`) for a signal that any process
+        got (so that all stop at the same step; every process must call). The last step ends the run anyway."""
+        return data_parallel.any_process(self.requested is not None) and step + 1 < total_steps
+
+    def interruption(self, step: int, total_steps: int, checkpoints: Path) -> RunInterrupted:
+        """The RunInterrupted to raise once step `step` is checkpointed in `checkpoints`."""
+        number = self.requested or signal.SIGTERM  # None here: another process got the signal
+        return RunInterrupted(f"stopped by {signal.Signals(number).name} after step {step + 1} of {total_steps}, "
+                              f"checkpointed in {checkpoints}: the same command resumes it", number)
 
 
 # What a relaunch may change and still resume the run: how long it goes on, how often it evaluates, checkpoints
@@ -201,6 +212,9 @@ class SilentMetricsWriter:
 
     def write(self, step: int, metrics: Mapping[str, object]) -> None:
         del step, metrics
+
+    def write_samples(self, step: int, samples: Sequence[Mapping[str, object]]) -> None:
+        del step, samples
 
     def __enter__(self) -> "SilentMetricsWriter":
         return self

@@ -71,7 +71,7 @@ def train_sft(config: SFTConfig, task: Any, *, model=None, tokenizer=None) -> di
     writer = runs.open_metrics(out, config.metrics, config.steps, meta,
                                  console_keys=("train/loss", "train/grad_norm"))
     metrics: dict[str, float] = {}
-    with writer, checkpointer:
+    with writer, checkpointer, runs.StopRequests() as stop:
         for step in range(meta["step"] if meta else 0, config.steps):
             timer.reset()
             batch, width, truncated = sft_batch(task, tokenizer, dataset.next_batch(config.batch_size),
@@ -88,12 +88,16 @@ def train_sft(config: SFTConfig, task: Any, *, model=None, tokenizer=None) -> di
             metrics["train/tokens"] = float(batch["response_mask_bt"].sum())
             metrics["train/truncated_responses"] = float(truncated)
             metrics["train/learning_rate"] = float(schedule(step))
-            if (step + 1) % config.checkpoint.every_steps == 0 or step + 1 == config.steps:
+            stopping = stop.stops_after(step, config.steps)
+            if (step + 1) % config.checkpoint.every_steps == 0 or step + 1 == config.steps or stopping:
                 with timer.phase("checkpoint"):
                     checkpointer.save(step + 1, state.tree(), {
                         "step": step + 1, "seed": config.seed, "data_position": dataset.position,
                         "metrics": {**metrics, **timer.metrics()}})
             metrics.update(timer.metrics())
             writer.write(step + 1, metrics)
+            if stopping:
+                checkpointer.wait()
+                raise stop.interruption(step, config.steps, out / "checkpoints")
     runs.save_outputs(out, graphdef, state.params, tokenizer, SFT_PLOTS if config.metrics.plots else None)
     return metrics

@@ -12,13 +12,15 @@ from pathlib import Path
 import pytest
 
 from rubric_jax import cli
+from rubric_jax.data.tasks import build_task
 from rubric_jax.judges.base import Judge
-from rubric_jax.training import rl, runs
+from rubric_jax.training import rl, runs, sft
 from rubric_jax.training.checkpoint import Checkpointer
 from rubric_jax.training.metrics import read_metrics
 from rubric_jax.training.optim import OptimizerConfig
-from rubric_jax.training.run_config import AlgorithmSpec, CheckpointConfig, EvalConfig, ModelSpec
-from tests.training.test_rl import tiny_rl_config
+from rubric_jax.training.run_config import (AlgorithmSpec, CheckpointConfig, EvalConfig, MetricsConfig, ModelSpec,
+                                            SFTConfig)
+from tests.training.test_rl import TINY, tiny_rl_config
 from tests.training.toy_task import toy_task
 
 
@@ -138,3 +140,22 @@ def test_a_damaged_latest_checkpoint_is_set_aside_and_the_one_before_it_resumes(
     assert (checkpoints / "2.unrestorable").is_dir()
     assert Checkpointer(checkpoints).all_steps() == [1, 2, 3]
     assert [line["step"] for line in read_metrics(tmp_path / "run" / "metrics.jsonl")] == [1, 2, 3]
+
+
+def test_a_signal_stops_sft_after_its_step_with_a_checkpoint(tmp_path, monkeypatch):
+    calls = []
+    batch_of = sft.sft_batch
+
+    def signalling_batch(*args):
+        calls.append(1)
+        if len(calls) == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return batch_of(*args)
+
+    monkeypatch.setattr(sft, "sft_batch", signalling_batch)
+    config = SFTConfig(output_dir=str(tmp_path / "sft"), steps=4, model=ModelSpec(init=TINY), batch_size=2,
+                       max_response_tokens=32, checkpoint=CheckpointConfig(every_steps=10),
+                       metrics=MetricsConfig(console=False, tensorboard=False, plots=False))
+    with pytest.raises(runs.RunInterrupted, match="stopped by SIGTERM after step 2 of 4"):
+        sft.train_sft(config, build_task("arithmetic", {}, 0))
+    assert Checkpointer(tmp_path / "sft" / "checkpoints").latest_step() == 2

@@ -3,6 +3,8 @@ each holding the step's rollouts with the verdicts its rewards were computed fro
 among them); a run killed between a rollout file and its step's checkpoint resumes and writes that step's file
 again, identical, and drops the files of the abandoned steps; the YAML section loads and is validated."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -10,7 +12,7 @@ from rubric_jax.judges.records import read_judged_rollouts
 from rubric_jax.training.checkpoint import Checkpointer
 from rubric_jax.training.metrics import read_metrics
 from rubric_jax.training.rl import rollout_log_path, train_rl
-from rubric_jax.training.run_config import CheckpointConfig, EvalConfig, RLConfig, RolloutLogConfig
+from rubric_jax.training.run_config import CheckpointConfig, EvalConfig, MetricsConfig, RLConfig, RolloutLogConfig
 from rubric_jax.yaml_config import apply_overrides, config_from_dict, load_config
 from tests.training.test_rl import tiny_rl_config
 from tests.training.toy_task import CHECKS, RUBRIC, toy_task
@@ -107,3 +109,20 @@ def test_the_yaml_section_loads_and_defaults_to_off(tmp_path):
 def test_a_bad_rollout_log_section_names_its_key(override, message):
     with pytest.raises(ValueError, match=message):
         config_from_dict(RLConfig, apply_overrides(VALID_RL, [override]))
+
+
+def test_every_step_logs_its_first_judged_rollouts_as_samples(tmp_path):
+    config = tiny_rl_config(tmp_path, steps=2, metrics=MetricsConfig(console=False, tensorboard=True))
+    train_rl(config, toy_task())
+    lines = [json.loads(line) for line in (tmp_path / "run" / "samples.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in lines] == [1, 1, 2, 2]
+    assert [line["id"] for line in lines] == ["step-1/0", "step-1/1", "step-2/0", "step-2/1"]
+    for line in lines:
+        assert line.keys() == {"step", "id", "question", "response", "criteria", "rubric_score", "judge_failure"}
+        assert [c["text"] for c in line["criteria"]] == [c.text for c in RUBRIC.criteria]
+        weights = np.array([c["weight"] for c in line["criteria"]])
+        satisfied = np.array([c["satisfied"] for c in line["criteria"]], float)
+        assert line["rubric_score"] == pytest.approx(weights @ satisfied / weights.sum())
+        assert line["judge_failure"] is None
+    events = b"".join(path.read_bytes() for path in (tmp_path / "run" / "tensorboard").iterdir())
+    assert b"samples" in events and b"step-1/0" in events and b"step-2/1" in events
