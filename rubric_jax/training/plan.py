@@ -247,11 +247,13 @@ def _abstract(tree: Any, shardings: Any) -> Any:
 
 
 def _abstract_batch(rows: int, length: int, keys: tuple[str, ...], mesh: Any) -> dict[str, jax.ShapeDtypeStruct]:
-    """The learner's batch arrays `keys` (`algorithms.base`'s Experience.batch plus what the learner adds)."""
+    """The learner's batch arrays `keys` (`algorithms.base`'s Experience.batch plus what the learner adds): [B, T]
+    per-token arrays ("_bt"), [B] per-row ones ("_b", RGR-GRPO's "off_policy_b")."""
     dtypes = {"tokens_bt": jnp.int32, "positions_bt": jnp.int32, "attention_mask_bt": jnp.bool_,
-              "response_mask_bt": jnp.bool_}
+              "response_mask_bt": jnp.bool_, "off_policy_b": jnp.bool_}
     rows_sharding = sharding.batch_sharding(mesh)
-    return {key: jax.ShapeDtypeStruct((rows, length), dtypes.get(key, jnp.float32), sharding=rows_sharding)
+    return {key: jax.ShapeDtypeStruct((rows, length) if key.endswith("_bt") else (rows,),
+                                      dtypes.get(key, jnp.float32), sharding=rows_sharding)
             for key in keys}
 
 
@@ -292,7 +294,8 @@ class _Learner:
 
 UPDATE_PHASES = ("train step", "critic update")
 FORWARD_PHASES = ("logprobs", "critic values")
-POLICY_BATCH = train_step.POLICY_INPUTS + ("advantages_bt", "rollout_logp_bt", "old_logp_bt")
+# Every array a recipe's loss may read (jit drops the ones it does not).
+POLICY_BATCH = train_step.POLICY_INPUTS + ("advantages_bt", "rollout_logp_bt", "old_logp_bt", "off_policy_b")
 CRITIC_BATCH = train_step.POLICY_INPUTS + ("old_values_bt", "returns_bt")
 
 

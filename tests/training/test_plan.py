@@ -9,10 +9,12 @@ import dataclasses
 import json
 
 import jax
+import jax.numpy as jnp
 import pytest
 from flax import nnx
 
 from rubric_jax import cli
+from rubric_jax.algorithms import registry
 from rubric_jax.models.config import ModelConfig, preset_config
 from rubric_jax.models.decoder import Decoder
 from rubric_jax.training import plan
@@ -198,3 +200,18 @@ def test_cli_search_reports_a_config_that_fits_as_it_is(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_:
         cli.main(["plan", "run.yaml", "--topology", "v5e:2x2", "--hbm-gib", "-1"])
     assert exit_.value.code == 2 and "argument --hbm-gib: must be > 0, got -1.0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", registry.names())
+def test_every_recipes_loss_reads_only_arrays_the_plan_provides(name):
+    """`plan` compiles a recipe's loss on `plan.POLICY_BATCH` (and the reference's logprobs): a loss that reads
+    another array would fail there with a KeyError, so each registered recipe's loss is traced on it."""
+    algorithm = registry.algorithm_class(name)(registry.algorithm_class(name).config_class())
+    batch = {key: jax.ShapeDtypeStruct((4, 16) if key.endswith("_bt") else (4,),
+                                       jnp.float32 if key not in ("tokens_bt", "positions_bt") else jnp.int32)
+             for key in plan.POLICY_BATCH + ("ref_logp_bt",)}
+    for key in ("attention_mask_bt", "response_mask_bt", "off_policy_b"):
+        batch[key] = jax.ShapeDtypeStruct(batch[key].shape, jnp.bool_)
+    logp = jax.ShapeDtypeStruct((4, 16), jnp.float32)
+    loss_bt, _ = jax.eval_shape(algorithm.loss_fn(), logp, logp, batch)
+    assert loss_bt.shape == (4, 16)
