@@ -138,6 +138,8 @@ def test_rollout_judge_fails_and_counts_every_answer_that_does_not_parse(make_ch
     assert judge.failures.by_reason == collections.Counter(verdicts.reasons)
     assert judge.http_stats() == ClientStats(requests=n, attempts=n)
     assert judge.chat.dialect == "json_schema" and judge.chat.dialect_changes == 0
+    # transformers serve accepts the schema and ignores it: what shows is answers under a schema that do not parse.
+    assert judge.format_metrics()["schema_violations"] == n
 
 
 def test_criterion_judge_scores_every_unparsable_rating_zero_and_counts_it(make_chat):
@@ -157,19 +159,21 @@ def test_criterion_judge_scores_every_unparsable_rating_zero_and_counts_it(make_
     assert judge.failures.parsed == judge.failures.failed == 4
     assert judge.failures.by_reason == collections.Counter(p.reason for p in parses)
     assert judge.http_stats() == ClientStats(requests=4, attempts=4)
+    assert judge.format_metrics()["schema_violations"] == 4
 
 
 def test_a_model_the_server_does_not_serve_fails_every_rollout_without_retries(make_chat):
-    """The server is pinned to its model and answers 400 to any other name: each rollout asks with the schema,
-    then (a 4xx may be the schema's fault) without it, and neither 4xx is retried; both rollouts are failed as
-    request_failed naming the status, and schemas stay on since the request without one failed too."""
+    """The server is pinned to its model and answers 400 to any other name: each rollout asks in each
+    response-format dialect in turn (a 4xx may be the schema's fault: json_schema, json_object, none), and no 4xx is
+    retried; both rollouts are failed as request_failed naming the status, and the dialect stays json_schema
+    since the request failed in every one."""
     judge = RolloutLLMJudge(make_chat(model="judge"), srar_format())
     verdicts = judge.judge([srar_request("a"), srar_request("b")], max_items=3)
     assert verdicts.reasons == (REQUEST_FAILED, REQUEST_FAILED)
     assert all("http_400" in detail for detail in verdicts.details)
     assert judge.failures.by_reason == {REQUEST_FAILED: 2}
-    assert judge.http_stats() == ClientStats(requests=4, attempts=4, failures=4,
-                                             errors_by_reason=collections.Counter({"http_400": 4}))
+    assert judge.http_stats() == ClientStats(requests=6, attempts=6, failures=6,
+                                             errors_by_reason=collections.Counter({"http_400": 6}))
     assert judge.chat.dialect == "json_schema" and judge.chat.dialect_changes == 0
 
 
