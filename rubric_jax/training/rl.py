@@ -61,7 +61,6 @@ from typing import Any, Optional
 
 import jax
 import numpy as np
-from flax import nnx
 
 from rubric_jax.algorithms.base import Experience, RolloutContext, summary_stats
 from rubric_jax.algorithms.registry import algorithm_class

@@ -15,6 +15,7 @@ import math
 import re
 from typing import Any, Literal, Optional
 
+from rubric_jax.algorithms.base import StepShape
 from rubric_jax.algorithms.registry import algorithm_class
 from rubric_jax.training.optim import OptimizerConfig
 from rubric_jax.yaml_config import config_from_dict, config_to_dict
@@ -403,16 +404,28 @@ class RLConfig:
 
     def __post_init__(self):
         _require(self.steps >= 1, f"steps must be >= 1, got {self.steps}")
-        rows, learner = self.rollout.batch_size, self.learner
+        rows, learner = self.learner_rows(), self.learner
         _require(rows % learner.row_multiple == 0,
-                 f"rollout.prompts_per_step * rollout.group_size = {rows} rows must split evenly into "
-                 f"learner.mini_batches ({learner.mini_batches}) x learner.micro_batches ({learner.micro_batches}) "
-                 f"and into learner.forward_micro_batches ({learner.forward_splits}), each x the mesh's data * fsdp "
-                 f"({learner.mesh.batch_shards})")
+                 f"the step's {rows} learner rows (rollout.prompts_per_step * rollout.group_size, and a second "
+                 f"role's) must split evenly into learner.mini_batches ({learner.mini_batches}) x "
+                 f"learner.micro_batches ({learner.micro_batches}) and into learner.forward_micro_batches "
+                 f"({learner.forward_splits}), each x the mesh's data * fsdp ({learner.mesh.batch_shards})")
         if self.model.init is not None:
             _require(self.rollout.max_new_tokens < self.model.init.max_position_embeddings,
                      f"rollout.max_new_tokens ({self.rollout.max_new_tokens}) leaves no room for a prompt in "
                      f"model.init.max_position_embeddings ({self.model.init.max_position_embeddings})")
+
+
+    def learner_rows(self) -> int:
+        """The rows of a step's learner batch: every role's (`Algorithm.learner_rows`; RLCER's rubricator and
+        EvoRubric's generator add theirs to the policy's prompts_per_step * group_size)."""
+        rollout = self.rollout
+        algorithm = algorithm_class(self.algorithm.name)
+        shape = StepShape(rollout.prompts_per_step, rollout.group_size, rollout.max_prompt_tokens or 1,
+                          rollout.max_new_tokens, rollout.max_prompt_tokens)
+        roles = algorithm(config_from_dict(algorithm.config_class, self.algorithm.params, "algorithm.params")
+                          ).learner_rows(shape)
+        return sum(role.rows for role in roles.values())
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,8 +11,8 @@ import pytest
 from rubric_jax import cli
 from rubric_jax.data.synthesis import SynthesisConfig
 from rubric_jax.data.tasks import build_task
-from rubric_jax.training.run_config import (LearnerConfig, MeshConfig, QuickstartConfig, RLConfig, SFTConfig,
-                                            resolve_algorithm)
+from rubric_jax.training.run_config import (AlgorithmSpec, LearnerConfig, MeshConfig, QuickstartConfig, RLConfig,
+                                            SFTConfig, resolve_algorithm)
 from rubric_jax.yaml_config import apply_overrides, config_from_dict, load_config
 from tests.data.dataset_fixtures import fixture_path
 
@@ -73,7 +73,8 @@ def test_quickstart_yaml_is_the_built_in_quickstart():
         """The config with its free-form parameters (task, algorithm) read into their own config classes."""
         task = build_task(config.task.name, config.task.params, config.task.seed)
         algorithm_config, _ = resolve_algorithm(config.rl_config())
-        return dataclasses.replace(config, task=None, rl=dataclasses.replace(config.rl, algorithm=None)), (
+        bare_algorithm = AlgorithmSpec(name=config.rl.algorithm.name)  # its params compared as algorithm_config
+        return dataclasses.replace(config, task=None, rl=dataclasses.replace(config.rl, algorithm=bare_algorithm)), (
             task, algorithm_config)
 
     built_in = QuickstartConfig(output_dir="runs/quickstart")
@@ -172,3 +173,14 @@ def test_forward_micro_batches_default_to_micro_batches_and_join_the_row_multipl
     learner = dataclasses.replace(learner, forward_micro_batches=16)
     assert learner.forward_splits == 16 and learner.row_multiple == 16 * 2
     assert dataclasses.replace(learner, forward_micro_batches=3).row_multiple == 24 * 2
+
+
+def test_the_row_check_counts_a_second_roles_rows():
+    """RLCER's rubricator adds M rows per question: 4 x 8 reasoner rows + 4 x 8 rubricator rows = 64 split into
+    8 micro-batches of one row on each of 8 chips, which the reasoner's 32 rows alone would not."""
+    rlcer = rl_config("algorithm.name=rlcer", "rollout.prompts_per_step=4", "rollout.group_size=8",
+                      "learner.mini_batches=1", "learner.micro_batches=8", "learner.mesh.fsdp=8")
+    assert rlcer.learner_rows() == 64 and rlcer.learner.row_multiple == 64
+    with pytest.raises(ValueError, match="the step's 32 learner rows"):
+        rl_config("rollout.prompts_per_step=4", "rollout.group_size=8", "learner.mini_batches=1",
+                  "learner.micro_batches=8", "learner.mesh.fsdp=8")
