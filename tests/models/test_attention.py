@@ -162,8 +162,9 @@ def test_a_cudnn_decoder_runs_the_compacted_arrangement(monkeypatch):
     tokens_bt, positions_bt, mask_bt = _inputs(rows=3)
     mask_bt[2, 50:60] = False
     xla, cudnn = (Decoder(CONFIG, rngs=nnx.Rngs(0), attention=name) for name in ("xla", "cudnn"))
-    hidden_xla, _ = xla(tokens_bt, positions_bt, mask_bt)
-    hidden_cudnn, _ = cudnn(tokens_bt, positions_bt, mask_bt)
+    with jax.default_matmul_precision("highest"):  # no TF32 on a GPU
+        hidden_xla, _ = xla(tokens_bt, positions_bt, mask_bt)
+        hidden_cudnn, _ = cudnn(tokens_bt, positions_bt, mask_bt)
     assert len(calls) == CONFIG.num_layers
     np.testing.assert_allclose(np.asarray(hidden_cudnn)[mask_bt], np.asarray(hidden_xla)[mask_bt],
                                rtol=1e-5, atol=1e-5)
