@@ -16,9 +16,10 @@ a run config checked against its dataset, its first prompts rendered, without tr
 """
 
 import collections
+import re
 import sys
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from rubric_jax.algorithms.registry import algorithm_class
 from rubric_jax.data import presets
@@ -59,13 +60,14 @@ def model_engine(model_dir: str, *, seed: int, sglang_url: Optional[str] = None,
 
 def evaluate_model(engine: RolloutEngine, tokenizer: Any, task: Any, judge: Judge, examples: Sequence[Any],
                    config: EvalConfig, *, max_new_tokens: int, seed: int, recipes: Sequence[str] = (),
-                   chunk_examples: int = DEFAULT_CHUNK) -> dict[str, float]:
-    """`evaluate` over `examples` in chunks of `chunk_examples`, with a progress bar on stderr."""
+                   chunk_examples: int = DEFAULT_CHUNK, on_judged: Optional[Callable] = None) -> dict[str, float]:
+    """`evaluate` over `examples` in chunks of `chunk_examples`, with a progress bar on stderr (`on_judged`:
+    `evaluate`'s hook)."""
     from tqdm import tqdm  # noqa: PLC0415
 
     with tqdm(total=len(examples), unit="example", desc="evaluating", file=sys.stderr) as bar:
         return evaluate(engine, tokenizer, task, judge, examples, config, max_new_tokens=max_new_tokens, seed=seed,
-                        recipes=recipes, chunk_examples=chunk_examples, progress=bar.update)
+                        recipes=recipes, chunk_examples=chunk_examples, progress=bar.update, on_judged=on_judged)
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
@@ -174,12 +176,51 @@ def _prompt_lengths(algorithm: Any, task: Any, tokenizer: Any, chat_template_kwa
             + (capped.format(over[role], cap) if cap is not None else "") for role, (length, where) in longest.items()]
 
 
-def write_report(metrics: Mapping[str, float], json_path: str, title: str) -> Path:
-    """Writes the metrics as JSON at `json_path` and as markdown beside it (same name, .md); the markdown path."""
+def samples_markdown(samples: Sequence[Mapping[str, Any]]) -> str:
+    """Judged samples (`training.rl.samples_of`) as markdown to read: each one's question and response fenced
+    (model text never forms the document's structure), then its criteria with weight and verdict, its rubric score
+    and any judge failure."""
+    lines = ["## Samples"]
+    for sample in samples:
+        lines += ["", f"### {sample['id']}", "", "Question:", "", *_fenced(sample["question"]), "", "Response:", "",
+                  *_fenced(sample["response"]), ""]
+        lines += [f"- [{_verdict_mark(c['satisfied'])}] ({c['weight']:g}) {_one_line(c['text'])}"
+                  for c in sample["criteria"]]
+        score = sample["rubric_score"]
+        lines.append(f"\nrubric score: {'-' if score is None else f'{score:.3f}'}"
+                     + (f"; judge failure: {sample['judge_failure']}" if sample["judge_failure"] else ""))
+    return "\n".join(lines) + "\n"
+
+
+def _fenced(text: str) -> list[str]:
+    """`text` in a code fence longer than any run of backticks inside it, so it cannot close the fence."""
+    longest = max((len(run) for run in re.findall("`+", text)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return [fence, text, fence]
+
+
+def _verdict_mark(satisfied: Optional[float]) -> str:
+    """"x" met, " " not met, "?" not judged (the judge failed), else the partial score."""
+    if satisfied is None:
+        return "?"
+    return {1.0: "x", 0.0: " "}.get(satisfied, f"{satisfied:.2f}")
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def write_report(metrics: Mapping[str, float], json_path: str, title: str,
+                 samples: Sequence[Mapping[str, Any]] = ()) -> Path:
+    """Writes the metrics as JSON at `json_path` and as markdown beside it (same name, .md; `samples` after the
+    metrics, as `samples_markdown` writes them); the markdown path."""
     import json  # noqa: PLC0415
 
     path = Path(json_path)
     path.write_text(json.dumps(dict(metrics), indent=2) + "\n", encoding="utf-8")
     markdown = path.with_suffix(".md")
-    markdown.write_text(markdown_report(metrics, title), encoding="utf-8")
+    text = markdown_report(metrics, title)
+    if samples:
+        text += "\n" + samples_markdown(samples)
+    markdown.write_text(text, encoding="utf-8")
     return markdown

@@ -65,14 +65,22 @@ class _Parser(argparse.ArgumentParser):
         return parsed
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
+def _int_at_least(minimum: int):
+    """An argparse type: an integer >= `minimum`."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+
+    return parse
+
+
+_positive_int = _int_at_least(1)
+_non_negative_int = _int_at_least(0)
 
 
 def _positive_float(text: str) -> float:
@@ -167,6 +175,9 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--chat-template-kwargs", type=_template_kwargs, default={}, metavar="JSON",
                           help='the chat template\'s variables, e.g. \'{"enable_thinking": false}\' (Qwen3 '
                                "non-thinking mode)")
+    evaluate.add_argument("--log-samples", type=_non_negative_int, default=EvalConfig.log_samples, metavar="N",
+                          help="print the first N judged samples (question, response, verdicts) to stderr and put "
+                               f"them in --output's report (default: {EvalConfig.log_samples}; 0: none)")
     evaluate.add_argument("--output", help="also write the metrics to this JSON file")
     _agreement_command(subparsers)
     plan = _config_command(subparsers, "plan", "compile an RL config's learner (train step and logprobs) ahead of time "
@@ -304,7 +315,8 @@ def _eval_plan(args) -> _EvalPlan:
         if args.judge_url is None or args.judge_model is None:
             raise ValueError("--judge-url and --judge-model go together")
         judge = JudgeConfig(kind="llm", url=args.judge_url, model=args.judge_model, format=args.judge_format)
-    sampling = EvalConfig(samples_per_example=args.samples, temperature=args.temperature)
+    sampling = EvalConfig(samples_per_example=args.samples, temperature=args.temperature,
+                          log_samples=args.log_samples)
     return _EvalPlan(task, count, sampling, judge, kwargs)
 
 
@@ -372,7 +384,10 @@ def _command(args) -> int:
             return error.exit_code
     else:
         from rubric_jax import benchmark  # noqa: PLC0415
+        from rubric_jax.judges.records import FirstJudged  # noqa: PLC0415
+        from rubric_jax.training.rl import samples_of  # noqa: PLC0415
 
+        shown = FirstJudged(config.eval.log_samples, "eval")
         with contextlib.closing(judge):
             engine, tokenizer = benchmark.model_engine(args.model, seed=args.seed, sglang_url=args.sglang_url,
                                                        chat_template_kwargs=config.chat_template_kwargs)
@@ -380,10 +395,13 @@ def _command(args) -> int:
                 count = config.count or int(task.data_metrics()["data/eval_rows"])
                 metrics = benchmark.evaluate_model(engine, tokenizer, task, judge, task.eval_examples(count),
                                                    config.eval, max_new_tokens=args.max_new_tokens, seed=args.seed,
-                                                   recipes=args.recipe)
+                                                   recipes=args.recipe, on_judged=shown)
+        samples = samples_of(shown.records, shown.count)
+        if samples:
+            print(benchmark.samples_markdown(samples), file=sys.stderr)
         print(json.dumps(metrics, indent=2))
         if args.output:
-            benchmark.write_report(metrics, args.output, f"{args.model} on {args.dataset or args.task}")
+            benchmark.write_report(metrics, args.output, f"{args.model} on {args.dataset or args.task}", samples)
     return 0
 
 

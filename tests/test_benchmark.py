@@ -85,3 +85,24 @@ def test_validate_renders_each_role_as_the_recipe_prompts_it(config, roles, text
     out = capsys.readouterr().out
     assert [line.split(" prompts:")[0] for line in out.splitlines() if " prompts: the longest" in line] == roles
     assert all(f": {role} prompt (" in out for role in roles) and text in out
+
+
+def test_samples_markdown_fences_model_text_so_it_cannot_close_its_fence():
+    """A response holding a fence of its own and a heading stays inside a longer fence; criteria are one line each,
+    marked met, not met, partial or unjudged, with their weights."""
+    response = "```\n# Forged heading\n```````\nstill the response"
+    samples = [
+        {"id": "eval/0", "question": "2 + 3?", "response": response, "rubric_score": 0.5, "judge_failure": None,
+         "criteria": [{"text": "states\nthe sum", "weight": 2.0, "satisfied": 1.0},
+                      {"text": "is brief", "weight": -1.0, "satisfied": 0.0},
+                      {"text": "half", "weight": 1.0, "satisfied": 0.5}]},
+        {"id": "eval/1", "question": "q", "response": "r", "rubric_score": None, "judge_failure": "unparsable",
+         "criteria": [{"text": "is polite", "weight": 1.0, "satisfied": None}]},
+    ]
+    markdown = benchmark.samples_markdown(samples)
+    fence = "`" * 8  # one longer than the response's longest run of backticks (7)
+    assert f"Response:\n\n{fence}\n{response}\n{fence}\n" in markdown
+    assert [line for line in markdown.splitlines() if line.startswith("- [")] == [
+        "- [x] (2) states the sum", "- [ ] (-1) is brief", "- [0.50] (1) half", "- [?] (1) is polite"]
+    assert "rubric score: 0.500\n" in markdown and "rubric score: -; judge failure: unparsable\n" in markdown
+    assert markdown.count(f"\n{fence}\n") == 2 and markdown.startswith("## Samples\n\n### eval/0\n")

@@ -3,6 +3,7 @@ the saved model, whose JSON holds the held-out metrics; a second `sft` with the 
 each command can be given bad input ends in one line on stderr naming the problem, with status 2."""
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -85,7 +86,17 @@ def test_eval_on_dataset_presets_writes_json_and_markdown(tmp_path, capsys):
     # every criterion met: row 0 (10 - 10 + 5) / 15, row 1 (10 - 9) / 10; the mean clipped to [0, 1]
     assert metrics["eval/points_score"] == pytest.approx((5 / 15 + 0.1) / 2)
     assert metrics["eval/item_tag/axis:accuracy/points_score"] == pytest.approx(0.1)  # row 0's is only -10
-    assert "## By criterion tag" in (tmp_path / "hb.md").read_text()
+    report = (tmp_path / "hb.md").read_text()
+    assert "## By criterion tag" in report
+    # The first two judged samples (--log-samples' default), in the report and on stderr: each criterion met, with
+    # its weight (row 0's are 10, -10 and 5), the response fenced.
+    samples = report[report.index("## Samples"):]
+    assert samples in capsys.readouterr().err
+    assert samples.count("\n### eval/") == 2 and "### eval/0" in samples and "### eval/1" in samples
+    first = samples[:samples.index("### eval/1")]
+    marks = [re.match(r"- \[(.)\] \((\S+)\) ", line).groups() for line in first.splitlines() if line.startswith("- [")]
+    assert marks == [("x", "10"), ("x", "-10"), ("x", "5")]
+    assert "Response:\n\n```\n" in first and "rubric score: " in first
 
     # A run config's task and judge: its held-out rows (one of MATH500's three), its task judge.
     run = {"output_dir": str(tmp_path / "rl"), "steps": 1, "model": {"path": model},

@@ -187,6 +187,28 @@ def write_judged_rollouts(path: str | os.PathLike, records: Iterable[JudgedRollo
         raise
 
 
+class FirstJudged:
+    """Keeps the first `count` rollouts of the batches it is called with, `(requests, verdicts)` in the order
+    judged (an `evaluate` `on_judged` hook), as `records` with ids "<id_prefix>/<n>" and step `step`: the sample
+    generations of an evaluation, without holding all of them."""
+
+    def __init__(self, count: int, id_prefix: str, step: Optional[int] = None):
+        if count < 0:
+            raise ValueError(f"count must be >= 0, got {count}")
+        self.count, self.id_prefix, self.step = count, id_prefix, step
+        self.records: list[JudgedRollout] = []
+
+    def __call__(self, requests: Sequence[JudgeRequest], verdicts: Verdicts) -> None:
+        room = self.count - len(self.records)
+        if room <= 0:
+            return
+        requests = list(requests)[:room]
+        rows = verdict_rows(verdicts, requests)
+        self.records += [JudgedRollout(id=f"{self.id_prefix}/{len(self.records) + n}", request=request,
+                                       verdict=verdict, step=self.step)
+                         for n, (request, verdict) in enumerate(zip(requests, rows))]
+
+
 class RecordingJudge(Judge):
     """A judge that passes every call to `inner` and, while `recording`, keeps each request with its verdict
     (`take()` hands them over and clears them). The training loop wraps its judge in one to save rollouts; it is

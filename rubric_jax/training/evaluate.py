@@ -50,12 +50,15 @@ def evaluate(
     recipes: Sequence[str] = (),
     chunk_examples: Optional[int] = None,
     progress: Optional[Callable[[int], None]] = None,
+    on_judged: Optional[Callable[[Sequence[JudgeRequest], Verdicts], None]] = None,
 ) -> dict[str, float]:
     """The module docstring's metrics for `examples`, with the analyses of `recipes` and `task.eval_recipes`
     (ValueError for a name no recipe is registered under).
 
     `chunk_examples`: sample and judge that many examples at a time (None: all at once), chunk i sampled with seed
-    `seed + i`, and `progress(n)` called after each chunk with its number of examples (a progress bar's update)."""
+    `seed + i`, and `progress(n)` called after each chunk with its number of examples (a progress bar's update).
+    `on_judged(requests, verdicts)` is called with each chunk's judge requests and verdicts, in sample order (e.g.
+    `records.FirstJudged`, to keep sample generations)."""
     k = config.samples_per_example
     step = chunk_examples or max(len(examples), 1)
     rubrics_e = [task.rubric(e) for e in examples]
@@ -68,9 +71,12 @@ def evaluate(
         chunk_texts = [response_text(tokenizer, s.output_ids) for s in samples]
         chunk_owners = [chunk[s.prompt_index] for s in samples]
         chunk_rubrics = [rubrics_e[start + s.prompt_index] for s in samples]
-        parts.append(judge.judge([
+        requests = [
             JudgeRequest(task.question(e), t, r, task.reference(e), len(split_steps(t)), tuple(task.prompt(e)))
-            for e, t, r in zip(chunk_owners, chunk_texts, chunk_rubrics)], max_items))
+            for e, t, r in zip(chunk_owners, chunk_texts, chunk_rubrics)]
+        parts.append(judge.judge(requests, max_items))
+        if on_judged is not None:
+            on_judged(requests, parts[-1])
         lengths += [len(s.output_ids) for s in samples]
         texts, owners, rubrics = texts + chunk_texts, owners + chunk_owners, rubrics + chunk_rubrics
         if progress is not None:

@@ -126,20 +126,22 @@ class MetricsWriter:
         self._start = time.monotonic()
         self._writes = 0
 
-    def write_samples(self, step: int, samples: Sequence[Mapping[str, object]]):
-        """Logs a step's sample rollouts (JSON objects) to `directory/samples.jsonl`, one a line with the step,
-        and as one markdown text to TensorBoard ("samples")."""
+    def write_samples(self, step: int, samples: Sequence[Mapping[str, object]], phase: str = "train"):
+        """Logs a step's sample rollouts (JSON objects) of `phase` ("train": the step's rollouts, "eval": its
+        evaluation's) to `directory/samples.jsonl`, one a line with the step and the phase, and as one markdown
+        text to TensorBoard ("samples/<phase>")."""
         if not samples:
             return
         if self._samples_file is None:
             self._samples_file = open(self.samples_path, "a", encoding="utf-8")
         for sample in samples:
-            self._samples_file.write(json.dumps({"step": operator.index(step), **sample}, ensure_ascii=False) + "\n")
+            self._samples_file.write(json.dumps({"step": operator.index(step), "phase": phase, **sample},
+                                                ensure_ascii=False) + "\n")
         self._samples_file.flush()
         if self._tensorboard is not None:
             text = "\n\n---\n\n".join("```\n" + json.dumps(sample, ensure_ascii=False, indent=1) + "\n```"
                                        for sample in samples)
-            self._tensorboard.add_text("samples", text, step)
+            self._tensorboard.add_text(f"samples/{phase}", text, step)
             self._tensorboard.flush()
 
     def write(self, step: int, metrics: Mapping[str, object]):

@@ -17,6 +17,8 @@
      policy for a role that is not trained) is never synced
   6. every `rollout_log.every_steps`, the step's judged rollouts (every request the recipe sent the judge in step
      2, with its verdict; not the evaluation's) in rollouts/step_<n>.jsonl (`judges.records`, `RolloutLogConfig`);
+     every step its first `rollout_log.samples_per_step` judged rollouts, and every evaluation its first
+     `eval.log_samples`, as samples to read (samples.jsonl and TensorBoard text, phase "train" or "eval");
      metrics (metrics.jsonl, TensorBoard, console) and, every `checkpoint.every_steps` and at the end, an orbax
      checkpoint of params, optimizer state, reference, data position, algorithm state and the step's metrics
 
@@ -69,7 +71,7 @@ from rubric_jax.inference.engine import RolloutEngine, SamplingParams
 from rubric_jax.inference.http import JsonHttpClient, RequestFailed, RetryPolicy
 from rubric_jax.judges import llm
 from rubric_jax.judges.base import Judge
-from rubric_jax.judges.records import JudgedRollout, RecordingJudge, write_judged_rollouts
+from rubric_jax.judges.records import FirstJudged, JudgedRollout, RecordingJudge, write_judged_rollouts
 from rubric_jax.core import value as core_value
 from rubric_jax.core.advantages import whiten_tokens
 from rubric_jax.core.rewards import weighted_fraction
@@ -649,9 +651,11 @@ def train_rl(config: RLConfig, task: Any, *, judge=None, model=None, tokenizer=N
                 writer.write_samples(step + 1, samples_of(sampled.records, config.rollout_log.samples_per_step))
             if config.eval.every_steps and (step + 1) % config.eval.every_steps == 0:
                 with timer.phase("eval"):
+                    shown = FirstJudged(config.eval.log_samples, f"eval-{step + 1}", step + 1)
                     metrics.update(evaluate(engine, tokenizer, task, judge, eval_examples, config.eval,
                                             max_new_tokens=rollout.max_new_tokens, seed=config.seed,
-                                            recipes=(config.algorithm.name,)))
+                                            recipes=(config.algorithm.name,), on_judged=shown))
+                writer.write_samples(step + 1, samples_of(shown.records, shown.count), phase="eval")
             stopping = stop.stops_after(step, config.steps)
             if (step + 1) % config.checkpoint.every_steps == 0 or step + 1 == config.steps or stopping:
                 with timer.phase("checkpoint"):

@@ -254,12 +254,15 @@ class MetricsConfig:
 class EvalConfig:
     """Held-out evaluation: `num_examples` examples, `samples_per_example` samples each (avg@k and pass@k with
     k = samples_per_example) at `temperature` (0: greedy, then k must be 1); every `every_steps` RL steps
-    (0: only where a command asks for it)."""
+    (0: only where a command asks for it). `log_samples` (0: off): the first judged samples of each evaluation,
+    to read (as `RolloutLogConfig.samples_per_step`'s, with phase "eval"; `rubric-jax eval` prints them and puts
+    them in its report)."""
 
     num_examples: int = 64
     samples_per_example: int = 1
     temperature: float = 0.0
     every_steps: int = 0
+    log_samples: int = 2
 
     def __post_init__(self):
         _require(self.num_examples >= 1, f"num_examples must be >= 1, got {self.num_examples}")
@@ -268,6 +271,7 @@ class EvalConfig:
         _require(self.temperature > 0 or self.samples_per_example == 1,
                  "greedy evaluation (temperature 0) gives one answer per example: samples_per_example must be 1")
         _require(self.every_steps >= 0, f"every_steps must be >= 0, got {self.every_steps}")
+        _require(self.log_samples >= 0, f"log_samples must be >= 0 (0: off), got {self.log_samples}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -282,7 +286,7 @@ class RolloutLogConfig:
 
     `samples_per_step` (0: off): every step, the first judged rollouts of the step as samples to read (question,
     response, each criterion's verdict, the rubric score and the judge's failure reason) in output_dir/samples.jsonl
-    and TensorBoard's text tab (`MetricsWriter.write_samples`)."""
+    and TensorBoard's text tab (`MetricsWriter.write_samples`), with phase "train"."""
 
     every_steps: int = 0
     samples_per_step: int = 2

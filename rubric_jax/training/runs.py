@@ -102,7 +102,8 @@ class StopRequests:
 # the keys below it ("metrics" matches "metrics.console").
 RELAUNCH_SAFE_KEYS = (
     "output_dir", "steps", "eval.every_steps", "checkpoint.every_steps", "checkpoint.keep", "checkpoint.async_save",
-    "metrics", "rollout_log.every_steps", "rollout.sglang_url", "rollout.frozen_sglang_url",
+    "metrics", "rollout_log.every_steps", "rollout_log.samples_per_step", "eval.log_samples",
+    "rollout.sglang_url", "rollout.frozen_sglang_url",
     *(f"{section}.{key}" for section in ("judge", "meta_verifier")
       for key in ("url", "max_in_flight", "max_attempts", "timeout_s", "api_key_env", "headers")),
     "judge.max_failure_rate", "judge.max_failing_steps",
@@ -213,8 +214,8 @@ class SilentMetricsWriter:
     def write(self, step: int, metrics: Mapping[str, object]) -> None:
         del step, metrics
 
-    def write_samples(self, step: int, samples: Sequence[Mapping[str, object]]) -> None:
-        del step, samples
+    def write_samples(self, step: int, samples: Sequence[Mapping[str, object]], phase: str = "train") -> None:
+        del step, samples, phase
 
     def __enter__(self) -> "SilentMetricsWriter":
         return self

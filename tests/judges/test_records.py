@@ -10,7 +10,7 @@ import re
 import pytest
 
 from rubric_jax.judges.base import Judge, JudgeRequest, RolloutVerdict, Verdicts
-from rubric_jax.judges.records import (JudgedRollout, RecordingJudge, judged_rollout_from_json,
+from rubric_jax.judges.records import (FirstJudged, JudgedRollout, RecordingJudge, judged_rollout_from_json,
                                        judged_rollout_to_json, read_judged_rollouts, write_judged_rollouts)
 from rubric_jax.rubrics.schema import Criterion, ItemKind, Rubric
 
@@ -187,3 +187,22 @@ def test_recorded_rows_without_attribution_have_no_steps():
     judge.judge([request("a")], max_items=2)
     [record] = judge.take(0)
     assert record.verdict == RolloutVerdict(satisfied=(1.0, 0.0), item_step=None)
+
+
+def test_first_judged_keeps_the_first_rollouts_across_batches_and_no_more():
+    scripted = {"a": RolloutVerdict(satisfied=(1.0, 0.5), item_step=(2, 0)), "b": RolloutVerdict.failure("x", "why"),
+                "c": RolloutVerdict(satisfied=(0.0,))}
+    judge = ScriptedJudge(scripted)
+    keep = FirstJudged(3, "eval-4", step=4)
+    for batch in ([request("a"), request("b")], [request("c", SHORT_RUBRIC), request("a")], [request("b")]):
+        keep(batch, judge.judge(batch, max_items=2))
+    assert keep.records == [
+        JudgedRollout(id="eval-4/0", step=4, request=request("a"), verdict=scripted["a"]),
+        JudgedRollout(id="eval-4/1", step=4, request=request("b"), verdict=scripted["b"]),
+        JudgedRollout(id="eval-4/2", step=4, request=request("c", SHORT_RUBRIC), verdict=scripted["c"]),
+    ]
+    none = FirstJudged(0, "eval")
+    none([request("a")], judge.judge([request("a")], max_items=2))
+    assert none.records == []
+    with pytest.raises(ValueError, match="count must be >= 0"):
+        FirstJudged(-1, "eval")

@@ -111,18 +111,29 @@ def test_a_bad_rollout_log_section_names_its_key(override, message):
         config_from_dict(RLConfig, apply_overrides(VALID_RL, [override]))
 
 
-def test_every_step_logs_its_first_judged_rollouts_as_samples(tmp_path):
-    config = tiny_rl_config(tmp_path, steps=2, metrics=MetricsConfig(console=False, tensorboard=True))
-    train_rl(config, toy_task())
+def test_every_step_and_evaluation_logs_its_first_judged_rollouts_as_samples(tmp_path):
+    """Two samples of each step's rollouts, and three of step 2's evaluation (4 examples x 2 samples), in the
+    order judged: the evaluation's first examples' samples."""
+    config = tiny_rl_config(tmp_path, steps=2, metrics=MetricsConfig(console=False, tensorboard=True),
+                            eval=EvalConfig(num_examples=4, samples_per_example=2, temperature=1.0, every_steps=2,
+                                            log_samples=3))
+    task = toy_task()
+    train_rl(config, task)
     lines = [json.loads(line) for line in (tmp_path / "run" / "samples.jsonl").read_text().splitlines()]
-    assert [line["step"] for line in lines] == [1, 1, 2, 2]
-    assert [line["id"] for line in lines] == ["step-1/0", "step-1/1", "step-2/0", "step-2/1"]
+    assert [(line["step"], line["phase"]) for line in lines] == [
+        (1, "train"), (1, "train"), (2, "train"), (2, "train"), (2, "eval"), (2, "eval"), (2, "eval")]
+    assert [line["id"] for line in lines] == ["step-1/0", "step-1/1", "step-2/0", "step-2/1",
+                                              "eval-2/0", "eval-2/1", "eval-2/2"]
+    held_out = [task.question(e) for e in task.eval_examples(4)]
+    assert [line["question"] for line in lines[4:]] == [held_out[0], held_out[0], held_out[1]]
     for line in lines:
-        assert line.keys() == {"step", "id", "question", "response", "criteria", "rubric_score", "judge_failure"}
+        assert line.keys() == {"step", "phase", "id", "question", "response", "criteria", "rubric_score",
+                               "judge_failure"}
         assert [c["text"] for c in line["criteria"]] == [c.text for c in RUBRIC.criteria]
         weights = np.array([c["weight"] for c in line["criteria"]])
         satisfied = np.array([c["satisfied"] for c in line["criteria"]], float)
         assert line["rubric_score"] == pytest.approx(weights @ satisfied / weights.sum())
         assert line["judge_failure"] is None
     events = b"".join(path.read_bytes() for path in (tmp_path / "run" / "tensorboard").iterdir())
-    assert b"samples" in events and b"step-1/0" in events and b"step-2/1" in events
+    assert b"samples/train" in events and b"step-1/0" in events and b"step-2/1" in events
+    assert b"samples/eval" in events and b"eval-2/2" in events
