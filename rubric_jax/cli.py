@@ -236,11 +236,15 @@ def _check_model_directory(path: str, what: str = "model directory") -> None:
 
 
 def _check_writable_directory(path: str, what: str = "output directory") -> None:
-    """Creates the directory `path` (as the run would) and writes a scratch file in it; ValueError if either
-    fails. Trying is the only reliable check: permissions say nothing to root or on a read-only file system."""
+    """Writes and deletes a scratch file in the directory `path`, or, when it does not exist yet, in its nearest
+    existing ancestor (where the run will create it); ValueError if that is not a directory or the write fails.
+    Trying is the only reliable check (permissions say nothing to root or on a read-only file system), and it
+    creates nothing, so a launch refused later leaves no trace."""
+    existing = next(p for p in (Path(path), *Path(path).parents) if p.exists())  # "." or "/" at the latest
+    if not existing.is_dir():
+        raise ValueError(f"cannot write the {what} {path}: {existing} is not a directory")
     try:
-        Path(path).mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=path):
+        with tempfile.TemporaryFile(dir=existing):
             pass
     except OSError as error:
         raise ValueError(f"cannot write the {what} {path}: {error.strerror or error}") from None

@@ -167,7 +167,8 @@ BAD_INPUTS = {
         (["seed=[1"], "override 'seed=[1': the value is not valid YAML"),
         (["seed=abc"], "config key seed: expected an int, got 'abc'"),
         (["task.name=nope"], "config key task.name: unknown task 'nope'"),
-        (["--output-dir", "{tmp}/afile/sub"], "cannot write the output_dir {tmp}/afile/sub: Not a directory"),
+        (["--output-dir", "{tmp}/afile/sub"], "cannot write the output_dir {tmp}/afile/sub: {tmp}/afile is not a "
+                                              "directory"),
         (["--bogus"], "unrecognized arguments: --bogus"),
     ],
     "train": [
@@ -179,7 +180,8 @@ BAD_INPUTS = {
         ([RL, "model.path={tmp}/missing"], "model.path {tmp}/missing does not exist"),
         ([RL, "model.path={tmp}/nojson"], "model.path {tmp}/nojson is not a Hugging Face model directory"),
         ([*RL_INIT, "task.name=nope"], "unknown task 'nope'"),
-        ([*RL_INIT, "output_dir={tmp}/afile"], "cannot write the output_dir {tmp}/afile: File exists"),
+        ([*RL_INIT, "output_dir={tmp}/afile"], "cannot write the output_dir {tmp}/afile: {tmp}/afile is not a "
+                                               "directory"),
     ],
     "sft": [
         *CONFIG_FILE_CASES,
@@ -187,7 +189,8 @@ BAD_INPUTS = {
         ([SFT, "batch_size=0"], "batch_size must be >= 1, got 0"),
         ([SFT, "task.name=nope"], "unknown task 'nope'"),
         ([SFT, "model={path: {tmp}/gpt2}"], "model.path {tmp}/gpt2: config.json: unsupported model_type 'gpt2'"),
-        ([SFT, "output_dir={tmp}/afile/sub"], "cannot write the output_dir {tmp}/afile/sub: Not a directory"),
+        ([SFT, "output_dir={tmp}/afile/sub"], "cannot write the output_dir {tmp}/afile/sub: {tmp}/afile is not a "
+                                              "directory"),
     ],
     "eval": [
         ([], "the following arguments are required: model"),

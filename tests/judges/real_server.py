@@ -1,6 +1,7 @@
 """`transformers serve`, Hugging Face's OpenAI-compatible server, on a loopback port with a tiny local checkpoint:
 a third-party /v1/chat/completions for the judge tests. The stand-in of tests/inference/standin_server.py only
-checks our client against our own reading of the API; this server was written by others.
+checks our client against our own reading of the API; this server was written by others. `serve` starts any such
+server and waits for its health (tests/judges/llama_cpp.py's `llama-server` too).
 
 What `transformers serve MODEL` does as of transformers 5.6 (transformers/cli/serve.py and cli/serving/, read in
 5.6.0 and 5.24.0, run with 5.24.0):
@@ -26,7 +27,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Optional
 
 import pytest
 
@@ -51,7 +52,7 @@ class RealServer:
         return self.log_path.read_text(errors="replace")[-_LOG_TAIL_CHARS:]
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as probe:
         probe.bind((HOST, 0))
         return probe.getsockname()[1]
@@ -78,16 +79,12 @@ def _stop(process: subprocess.Popen) -> None:
 
 
 @contextlib.contextmanager
-def transformers_serve(checkpoint_dir: os.PathLike, log_path: Path, startup_timeout_s: float = 120.0
-                       ) -> Iterator[RealServer]:
-    """Serves `checkpoint_dir` with `transformers serve` on a free loopback port and yields the RealServer once
+def serve(command: list[str], model: str, base_url: str, log_path: Path, startup_timeout_s: float,
+          env: Optional[dict] = None) -> Iterator[RealServer]:
+    """Runs `command` (a server listening at `base_url`), its output to `log_path`, and yields the RealServer once
     GET /health answers 200; the server is stopped on leaving, however the block ends. RuntimeError with the
     log's tail if the server exits first or is not healthy within `startup_timeout_s`."""
-    model, port = str(checkpoint_dir), _free_port()
-    command = [sys.executable, "-m", "transformers.cli.transformers", "serve", model, "--host", HOST,
-               "--port", str(port), "--device", "cpu"]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_UPDATE_CHECK": "1"}
-    server = RealServer(f"http://{HOST}:{port}", model, log_path)
+    server = RealServer(base_url, model, log_path)
     with open(log_path, "wb") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     try:
@@ -103,6 +100,16 @@ def transformers_serve(checkpoint_dir: os.PathLike, log_path: Path, startup_time
         yield server
     finally:
         _stop(process)
+
+
+def transformers_serve(checkpoint_dir: os.PathLike, log_path: Path, startup_timeout_s: float = 120.0
+                       ) -> contextlib.AbstractContextManager[RealServer]:
+    """`serve`s `checkpoint_dir` with `transformers serve` on a free loopback port."""
+    model, port = str(checkpoint_dir), free_port()
+    command = [sys.executable, "-m", "transformers.cli.transformers", "serve", model, "--host", HOST,
+               "--port", str(port), "--device", "cpu"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_UPDATE_CHECK": "1"}
+    return serve(command, model, f"http://{HOST}:{port}", log_path, startup_timeout_s, env)
 
 
 @pytest.fixture(scope="module")

@@ -81,7 +81,7 @@ def test_the_cli_reports_an_unreachable_judge_in_one_line_and_exits_1(tmp_path, 
     err = capsys.readouterr().err
     assert status == 1 and err.count("\n") == 1 and "Traceback" not in err
     assert err.startswith(f"rubric-jax train: judge.url {url} does not answer")
-    assert list((tmp_path / "run").iterdir()) == []  # the CLI's writability check made it; nothing was written
+    assert not (tmp_path / "run").exists()  # the CLI's writability check creates nothing either
 
 
 def test_the_key_comes_from_the_environment_and_refused_credentials_stop_the_launch(tmp_path, monkeypatch):
