@@ -54,8 +54,8 @@ from typing import Any, Awaitable, Callable, Literal, Mapping, Optional, Sequenc
 
 from rubric_jax.data import tasks
 from rubric_jax.data.dataset import Record
-from rubric_jax.inference.http import JsonHttpClient, RequestFailed, RetryPolicy
-from rubric_jax.judges.llm import ChatClient, ChatSettings
+from rubric_jax.inference.http import RequestFailed
+from rubric_jax.judges.llm import ChatClient, ChatSettings, chat_client, check_credentials, request_headers
 from rubric_jax.rubrics import parsing, prompts
 from rubric_jax.rubrics import synthesis as schemas
 from rubric_jax.yaml_config import config_from_dict, config_to_dict
@@ -78,7 +78,9 @@ class GeneratorConfig:
     """The generator: an OpenAI-compatible chat server at `url` serving `model` (the papers': GPT-OSS-120B for
     rubric-grounded, OpenAI o3 for RGR-GRPO), its sampling (`temperature` > 0, so that a retried stage samples
     another answer), `max_tokens` per answer, whether to send JSON schemas, and the HTTP client's bounds and
-    retries (`max_in_flight`, `max_attempts`, `timeout_s`)."""
+    retries (`max_in_flight`, `max_attempts`, `timeout_s`). Credentials as a judge's (`JudgeConfig`): `api_key_env`,
+    the name of an environment variable whose value is sent as "Authorization: Bearer <value>" (a hosted
+    generator's key never enters the config), and `headers`, sent with every request."""
 
     url: str
     model: str
@@ -88,12 +90,15 @@ class GeneratorConfig:
     max_in_flight: int = 32
     max_attempts: int = 5
     timeout_s: float = 600.0
+    api_key_env: Optional[str] = None
+    headers: dict = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
         _require(bool(self.url) and bool(self.model), "generator.url and generator.model must be set")
         _require(self.temperature >= 0, f"generator.temperature must be >= 0, got {self.temperature}")
         for name in ("max_tokens", "max_in_flight", "max_attempts"):
             _require(getattr(self, name) >= 1, f"generator.{name} must be >= 1, got {getattr(self, name)}")
+        check_credentials(self.api_key_env, self.headers, "generator")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -516,10 +521,13 @@ class RunCounts:
 
 
 def make_chat(config: GeneratorConfig, seed: int) -> ChatClient:
-    http = JsonHttpClient(config.url, max_in_flight=config.max_in_flight, seed=seed,
-                          retry=RetryPolicy(max_attempts=config.max_attempts, timeout_s=config.timeout_s))
-    return ChatClient(http, ChatSettings(model=config.model, temperature=config.temperature,
-                                         max_tokens=config.max_tokens, json_schema=config.json_schema))
+    """The generator's chat client (`llm.chat_client`); MissingApiKey when its key's variable is unset."""
+    settings = ChatSettings(model=config.model, temperature=config.temperature, max_tokens=config.max_tokens,
+                            json_schema=config.json_schema)
+    return chat_client(config.url, settings, seed=seed,
+                       headers=request_headers(config.api_key_env, config.headers, "generator"),
+                       max_in_flight=config.max_in_flight, max_attempts=config.max_attempts,
+                       timeout_s=config.timeout_s)
 
 
 def _check_input(config: SynthesisConfig, params: Any, task: Any) -> None:

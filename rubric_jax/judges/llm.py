@@ -38,9 +38,11 @@ import asyncio
 import dataclasses
 import itertools
 import math
+import os
+import re
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-from rubric_jax.inference.http import ClientStats, JsonHttpClient, MalformedResponse, RequestFailed
+from rubric_jax.inference.http import ClientStats, JsonHttpClient, MalformedResponse, RequestFailed, RetryPolicy
 from rubric_jax.judges.base import Judge, JudgeRequest, RolloutVerdict, Verdicts, check_requests
 from rubric_jax.judges.outcome import extract_boxed
 from rubric_jax.rubrics import parsing, prompts
@@ -178,6 +180,45 @@ class ChatClient:
 
 
 RESPONSE_FORMAT_DIALECTS = ("json_schema", "json_object", "none")
+_ENVIRONMENT_VARIABLE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+class MissingApiKey(RuntimeError):
+    """The environment variable a config names for an API key is unset or empty."""
+
+
+def check_credentials(api_key_env: Optional[str], headers: Mapping[str, Any], section: str) -> None:
+    """The config-time checks of an LLM role's credentials (judge, meta-verifier, synthesis generator): ValueError
+    unless `api_key_env` is None or an environment variable's name (the key itself never belongs in a config) and
+    `headers` maps header names to strings, without an Authorization header beside a key."""
+    if api_key_env is not None and not (isinstance(api_key_env, str) and _ENVIRONMENT_VARIABLE.fullmatch(api_key_env)):
+        raise ValueError(f"{section}.api_key_env is the name of an environment variable holding the key (e.g. "
+                         f"OPENAI_API_KEY), got {api_key_env!r}")
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items()):
+        raise ValueError(f"{section}.headers must map header names to strings")
+    if api_key_env is not None and "authorization" in {k.lower() for k in headers}:
+        raise ValueError(f"{section}.api_key_env sets the Authorization header: leave it out of {section}.headers")
+
+
+def request_headers(api_key_env: Optional[str], headers: Mapping[str, str], section: str) -> dict[str, str]:
+    """`headers`, and "Authorization: Bearer <key>" with the key read from the environment variable
+    `api_key_env`. MissingApiKey when that variable is unset or empty (naming it, never a key)."""
+    result = dict(headers)
+    if api_key_env is not None:
+        key = os.environ.get(api_key_env, "")
+        if not key:
+            raise MissingApiKey(f"{section}.api_key_env names {api_key_env}, which is not set in the environment")
+        result["Authorization"] = f"Bearer {key}"
+    return result
+
+
+def chat_client(url: str, settings: ChatSettings, *, seed: Optional[int], headers: Mapping[str, str],
+                max_in_flight: int, max_attempts: int, timeout_s: float) -> ChatClient:
+    """A ChatClient of the server at `url`: `settings`, `headers` with every request (`request_headers`), at most
+    `max_in_flight` requests at once, each tried `max_attempts` times with `timeout_s` per attempt."""
+    http = JsonHttpClient(url, max_in_flight=max_in_flight, seed=seed, headers=headers,
+                          retry=RetryPolicy(max_attempts=max_attempts, timeout_s=timeout_s))
+    return ChatClient(http, settings)
 
 
 def _rank(dialect: str) -> int:

@@ -68,7 +68,7 @@ from rubric_jax.algorithms.base import Experience, RolloutContext, summary_stats
 from rubric_jax.algorithms.registry import algorithm_class
 from rubric_jax.inference.embedded import EmbeddedEngine
 from rubric_jax.inference.engine import RolloutEngine, SamplingParams
-from rubric_jax.inference.http import JsonHttpClient, RequestFailed, RetryPolicy
+from rubric_jax.inference.http import RequestFailed
 from rubric_jax.judges import llm
 from rubric_jax.judges.base import Judge
 from rubric_jax.judges.records import FirstJudged, JudgedRollout, RecordingJudge, write_judged_rollouts
@@ -243,25 +243,21 @@ PROBE_TIMEOUT_S = 30.0
 
 
 def auth_headers(config: JudgeConfig | MetaVerifierConfig, section: str) -> dict[str, str]:
-    """The headers of an LLM section: its `headers`, and "Authorization: Bearer <key>" with the key read from the
-    environment variable `api_key_env`. RunStopped when that variable is unset or empty (naming it, never a key)."""
-    headers = dict(config.headers)
-    if config.api_key_env is not None:
-        key = os.environ.get(config.api_key_env, "")
-        if not key:
-            raise RunStopped(f"{section}.api_key_env names {config.api_key_env}, which is not set in the environment")
-        headers["Authorization"] = f"Bearer {key}"
-    return headers
+    """The headers of an LLM section (`llm.request_headers`); RunStopped when its key's variable is unset."""
+    try:
+        return llm.request_headers(config.api_key_env, config.headers, section)
+    except llm.MissingApiKey as error:
+        raise RunStopped(str(error)) from None
 
 
 def _chat_client(config: JudgeConfig | MetaVerifierConfig, seed: int, section: str) -> llm.ChatClient:
     """The chat client of an LLM section of the config: its server, credentials, model, decoding and retry
     policy."""
-    http = JsonHttpClient(config.url, max_in_flight=config.max_in_flight, seed=seed,
-                          headers=auth_headers(config, section),
-                          retry=RetryPolicy(max_attempts=config.max_attempts, timeout_s=config.timeout_s))
-    return llm.ChatClient(http, llm.ChatSettings(model=config.model, temperature=config.temperature,
-                                                 max_tokens=config.max_tokens, seed=seed))
+    settings = llm.ChatSettings(model=config.model, temperature=config.temperature, max_tokens=config.max_tokens,
+                                seed=seed)
+    return llm.chat_client(config.url, settings, seed=seed, headers=auth_headers(config, section),
+                           max_in_flight=config.max_in_flight, max_attempts=config.max_attempts,
+                           timeout_s=config.timeout_s)
 
 
 def probe_chat_server(chat: llm.ChatClient, section: str) -> None:

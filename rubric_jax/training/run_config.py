@@ -12,11 +12,11 @@ ValueErrors naming the full key.
 
 import dataclasses
 import math
-import re
 from typing import Any, Literal, Optional
 
 from rubric_jax.algorithms.base import StepShape
 from rubric_jax.algorithms.registry import algorithm_class
+from rubric_jax.judges.llm import check_credentials
 from rubric_jax.training.optim import OptimizerConfig
 from rubric_jax.yaml_config import config_from_dict, config_to_dict
 
@@ -307,13 +307,7 @@ def _check_chat_role(config: Any, section: str) -> None:
         _require(getattr(config, name) >= 1, f"{section}.{name} must be >= 1, got {getattr(config, name)}")
     _require(config.temperature >= 0 and config.timeout_s > 0,
              f"{section}.temperature must be >= 0, timeout_s > 0")
-    _require(config.api_key_env is None or re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", config.api_key_env),
-             f"{section}.api_key_env is the name of an environment variable holding the key (e.g. OPENAI_API_KEY), "
-             f"got {config.api_key_env!r}")
-    _require(all(isinstance(k, str) and isinstance(v, str) for k, v in config.headers.items()),
-             f"{section}.headers must map header names to strings")
-    _require(config.api_key_env is None or "authorization" not in {k.lower() for k in config.headers},
-             f"{section}.api_key_env sets the Authorization header: leave it out of {section}.headers")
+    check_credentials(config.api_key_env, config.headers, section)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,6 +12,7 @@ import pytest
 
 from rubric_jax.data import synthesis
 from rubric_jax.data.tasks import build_task
+from rubric_jax.judges.llm import MissingApiKey
 from rubric_jax.rubrics import schema as rubric_schema
 from rubric_jax.rubrics import synthesis as schemas
 from rubric_jax.yaml_config import load_config
@@ -354,3 +355,18 @@ def test_config_validation():
         synthesis.GroundedParams(min_criteria=6, max_criteria=5)
     with pytest.raises(ValueError, match="generator.url"):
         synthesis.GeneratorConfig(url="", model="m")
+    with pytest.raises(ValueError, match="generator.api_key_env is the name of an environment variable"):
+        synthesis.GeneratorConfig(url="u", model="m", api_key_env="sk-123 secret")
+    with pytest.raises(ValueError, match="generator.api_key_env sets the Authorization header"):
+        synthesis.GeneratorConfig(url="u", model="m", api_key_env="KEY", headers={"authorization": "Bearer x"})
+    with pytest.raises(ValueError, match="generator.headers must map header names to strings"):
+        synthesis.GeneratorConfig(url="u", model="m", headers={"X-Team": 3})
+
+
+def test_a_generator_key_unset_in_the_environment_is_refused_naming_the_variable(tmp_path, monkeypatch):
+    monkeypatch.delenv("RUBRIC_JAX_TEST_GENERATOR_KEY", raising=False)
+    with StandinServer(responder=QuestionGenerator({})) as server:
+        with pytest.raises(MissingApiKey, match="generator.api_key_env names RUBRIC_JAX_TEST_GENERATOR_KEY, which is not"):
+            synthesis.synthesize(config("rar", tmp_path, server.base_url, f"input.path={RAR}",
+                                        "generator.api_key_env=RUBRIC_JAX_TEST_GENERATOR_KEY"), progress=False)
+        assert server.chat_requests == []

@@ -18,6 +18,7 @@ decoding answers them the same again) and the format's parser reads the answers.
 import collections
 import contextlib
 import logging
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -34,8 +35,10 @@ from rubric_jax.judges.llm import (
     rating_format,
     srar_format,
 )
+from rubric_jax.data import synthesis
 from rubric_jax.training import rl
 from rubric_jax.training.run_config import JudgeConfig
+from rubric_jax.yaml_config import load_config
 from tests.judges import llama_cpp
 from tests.judges.test_llm import srar_request
 from tests.judges.test_real_server import GROUNDED_RUBRIC, RGR_RUBRIC, ask
@@ -48,6 +51,7 @@ LONG_ANSWER = 400  # room for a whole SRaR or grounded answer, which the grammar
 # One retry at most: the exact stats below would show any retry a test does not expect.
 PATIENT = RetryPolicy(max_attempts=2, initial_backoff_s=0.01, max_backoff_s=0.02, timeout_s=60.0)
 KEY_ENV = "RUBRIC_JAX_LLAMA_SERVER_TEST_KEY"
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -155,7 +159,9 @@ def test_a_prompt_longer_than_the_context_fails_its_rollout_as_a_counted_400(mak
 
 def test_a_server_that_wants_a_key_is_opened_by_the_key_the_config_names(llama_gguf, tmp_path, monkeypatch):
     """`llama-server --api-key`: the key named by judge.api_key_env goes in every request; unset, the launch stops
-    naming the variable; a wrong key stops it at the probe (401); the right one is probed and judged with."""
+    naming the variable; a wrong key stops it at the probe (401); the right one is probed and judged with. The
+    synthesis generator's generator.api_key_env works the same way: with a wrong key each RaR question's one
+    request fails (401) and the source is left for a later run, with the right one every question is answered."""
     binary = llama_cpp.llama_server_binary()
     with llama_cpp.llama_serve(binary, llama_gguf, tmp_path / "server.log", api_key="secret-key") as server:
         config = JudgeConfig(kind="llm", url=server.base_url, model=server.model, format="rating",
@@ -175,3 +181,19 @@ def test_a_server_that_wants_a_key_is_opened_by_the_key_the_config_names(llama_g
             verdicts = judge.judge(rgr_requests()[:1], max_items=2)
             assert verdicts.failed_b.tolist() == [False] and judge.failures.failed == 0
             assert judge.http_stats() == ClientStats(requests=2, attempts=2)
+
+        def synthesize(key: str) -> dict:
+            monkeypatch.setenv(KEY_ENV, key)
+            config = load_config(synthesis.SynthesisConfig, REPO / "configs/synthesize_rar.yaml", [
+                f"output_dir={tmp_path / key}", f"input.path={REPO / 'tests/fixtures/datasets/rar.jsonl'}",
+                f"generator.url={server.base_url}", f"generator.model={server.model}", "generator.max_attempts=1",
+                f"generator.max_tokens={MAX_TOKENS}", f"generator.api_key_env={KEY_ENV}", "output_attempts=1"])
+            return synthesis.synthesize(config, progress=False)
+
+        refused = synthesize("wrong-key")
+        assert refused["this_run"]["request_failed"] == 2 and refused["sources"]["finished"] == 0
+        assert refused["stage_calls"] == {}  # a call is counted once answered
+        opened = synthesize("secret-key")
+        assert opened["this_run"]["request_failed"] == 0 and opened["sources"]["finished"] == 2
+        # Answered: the random model's rubric, under the grammar, runs past MAX_TOKENS and is discarded as such.
+        assert opened["stage_calls"] == {"rubric": 2} and opened["discards"] == {"rubric/truncated": 2}
