@@ -220,7 +220,8 @@ class Attention(nnx.Module):
             out_btngk = self._attend(q_btngk, keys_bnsk, values_bnsk, mask_bts)
         elif (kernel := attention.resolve(self.implementation, length, head_width=self.head_dim,
                                           dtype=self.dtype)) != "xla":
-            # Without a cache S = T, and the last query's row of the causal mask is every row's validity.
+            # Without a cache S = T, and the last query's row of the causal mask is every key's validity (the
+            # decoder passes that row alone, [B, 1, S]).
             fused = attention.splash_attention if kernel == "splash" else attention.compacted_attention
             out_bthk = fused(q_bthk, keys_bnsk, values_bnsk, mask_bts[:, -1, :])
             out_btngk = out_bthk.reshape(q_btngk.shape)
@@ -300,7 +301,10 @@ _apply_layer_remat = nnx.remat(_apply_layer)
 class Decoder(nnx.Module):
     """Token embedding, `num_layers` DecoderLayers, final RMSNorm, and an unembedding (tied or `lm_head`).
 
-    `remat=True` rematerialises each layer in the backward pass (for training). `attention` names the kernel of
+    `remat=True` rematerialises each layer in the backward pass (for training). `scan_layers=True` runs a pass
+    without a cache (training, logprobs) as a `lax.scan` over the layers' stacked parameters instead of one copy
+    of the layer per layer in the program: the same arithmetic, compiled once (an 8B model's train step for a TPU
+    pod compiles several times faster). Decoding with a cache stays unrolled. `attention` names the kernel of
     full-sequence attention (`models.attention.IMPLEMENTATIONS`; "auto" chooses by platform).
     `shard_activations(x, axes)` is called on the residual stream after the embedding and after every layer with
     ACTIVATION_AXES; the sharding code sets it (to a `with_sharding_constraint` over its mesh rules), the default
@@ -315,6 +319,7 @@ class Decoder(nnx.Module):
         dtype: jax.typing.DTypeLike = jnp.float32,
         param_dtype: jax.typing.DTypeLike = jnp.float32,
         remat: bool = False,
+        scan_layers: bool = False,
         attention: str = "auto",
         shard_activations: ShardActivations = no_sharding,
     ):
@@ -322,6 +327,7 @@ class Decoder(nnx.Module):
         self.config = config
         self.dtype = dtype
         self.remat = remat
+        self.scan_layers = scan_layers
         self.shard_activations = shard_activations
         self.embed_tokens = nnx.Embed(config.vocab_size, config.hidden_size, embedding_init=_INIT, rngs=rngs, **dtypes)
         self.layers = nnx.List([DecoderLayer(config, rngs=rngs, attention=attention, **dtypes)
@@ -355,9 +361,16 @@ class Decoder(nnx.Module):
         else:
             valid_bs = jax.lax.dynamic_update_slice(cache.valid_bs, valid_bt, (0, cache.end))
             slot_t, end = cache.end + jnp.arange(length), cache.end
-        slot_s = jnp.arange(valid_bs.shape[1])
-        mask_bts = valid_bs[:, None, :] & (slot_s[None, None, :] <= slot_t[None, :, None])
+        if cache is None and self._fused_attention(length):
+            # A fused kernel reads only each key's validity (the last query's row of the causal mask), so the
+            # [B, T, T] mask is never built: a loop over scanned layers would keep it as a constant.
+            mask_bts = valid_bt[:, None, :]
+        else:
+            slot_s = jnp.arange(valid_bs.shape[1])
+            mask_bts = valid_bs[:, None, :] & (slot_s[None, None, :] <= slot_t[None, :, None])
 
+        if cache is None and self.scan_layers:
+            return self.norm(self._scanned_layers(x_btd, cos_btk, sin_btk, mask_bts)), None
         apply_layer = _apply_layer_remat if self.remat else _apply_layer
         keys, values = [], []
         for i, layer in enumerate(self.layers):
@@ -371,6 +384,23 @@ class Decoder(nnx.Module):
         if cache is not None:
             cache = KVCache(k_bnsk=tuple(keys), v_bnsk=tuple(values), valid_bs=valid_bs, end=cache.end + length)
         return hidden_btd, cache
+
+    def _fused_attention(self, length: int) -> bool:
+        """Whether the layers attend to a full sequence of `length` tokens with a fused kernel (not "xla")."""
+        attend = self.layers[0].self_attn
+        return attention.resolve(attend.implementation, length, head_width=attend.head_dim, dtype=self.dtype) != "xla"
+
+    def _scanned_layers(self, x_btd, cos_btk, sin_btk, mask_bts) -> jax.Array:
+        """The residual stream after every layer, as a `lax.scan` over the layers' stacked parameters (the
+        class docstring's `scan_layers`); each step rebuilds one layer from its slice of them."""
+        graphdef, _ = nnx.split(self.layers[0])
+        stacked = jax.tree.map(lambda *leaves: jnp.stack(leaves), *(nnx.state(layer) for layer in self.layers))
+
+        def step(x_btd, layer_state):
+            x_btd, _ = nnx.merge(graphdef, layer_state)(x_btd, cos_btk, sin_btk, mask_bts, None, None)
+            return self.shard_activations(x_btd, ACTIVATION_AXES), None
+
+        return jax.lax.scan(jax.checkpoint(step) if self.remat else step, x_btd, stacked)[0]
 
     def unembed_kernel(self) -> jax.Array:
         """[D, V] in param_dtype: the embedding's transpose when tied, else lm_head's kernel."""

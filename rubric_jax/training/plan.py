@@ -170,6 +170,8 @@ class Plan:
     micro_batches: int
     forward_micro_batches: int
     remat: bool
+    scan_layers: bool
+    compute_dtype: str
     attention: str
     state_bytes: dict[str, int]
     phases: tuple[Phase, ...]
@@ -198,16 +200,17 @@ class Plan:
         return 6.0 * self.parameters * self.rows * self.length
 
     @property
-    def compiled_flops(self) -> float:
+    def compiled_flops(self) -> Optional[float]:
         """The train step's FLOPs by XLA's count: per chip, times the chips, times the micro-batches (XLA counts a
-        loop body once; the optimizer update outside the loop is negligible)."""
-        return self.train.flops * self.chips * self.micro_batches
+        loop body once; the optimizer update outside the loop is negligible). None with scanned layers: the
+        layer loop's body is counted once too, beside the embedding and unembedding, which run once per pass."""
+        return None if self.scan_layers else self.train.flops * self.chips * self.micro_batches
 
     @property
     def step_flops(self) -> float:
         """The larger of the compiled FLOPs and 6 N tokens: XLA's count misses the splash kernel's FLOPs and
         counts the logits' chunk loop once, so it can fall below the model's."""
-        return max(self.compiled_flops, self.model_flops)
+        return max(self.compiled_flops or 0.0, self.model_flops)
 
     @property
     def step_time_lower_bound_s(self) -> float:
@@ -230,12 +233,14 @@ class Plan:
             f"model: {self.parameters / 1e9:.2f} B parameters; rows per step: {roles}; learner state per chip: "
             f"{state}",
             f"train step: {self.rows} rows x {self.length} tokens, {self.micro_batches} micro-batches, remat "
-            f"{'on' if self.remat else 'off'}, attention {self.attention}; logprobs: {self.logprob_rows} rows, "
+            f"{'on' if self.remat else 'off'}, layers {'scanned' if self.scan_layers else 'unrolled'}, "
+            f"{self.compute_dtype} activations, attention {self.attention}; logprobs: {self.logprob_rows} rows, "
             f"{self.forward_micro_batches} micro-batches",
             *(f"{phase.name} per chip: {phase.describe(hbm)}" for phase in self.phases),
         ]
         if self.train.out_of_memory is None:
-            lines.append(f"FLOPs per train step: compiled {self.compiled_flops:.3e}, 6 N tokens "
+            compiled = "n/a (scanned layers)" if self.compiled_flops is None else f"{self.compiled_flops:.3e}"
+            lines.append(f"FLOPs per train step: compiled {compiled}, 6 N tokens "
                          f"{self.model_flops:.3e}; step time >= {self.step_time_lower_bound_s:.2f} s, "
                          f"MFU <= {self.mfu_ceiling:.0%}")
         lines.append("fits" if self.fits else "DOES NOT FIT in HBM")
@@ -382,7 +387,8 @@ def _plan(update_learner: _Learner, forward_learner: _Learner, phases: Sequence[
                 rows=update_learner.rows // update_config.learner.mini_batches, logprob_rows=forward_learner.rows,
                 length=update_learner.length, micro_batches=update_config.learner.micro_batches,
                 forward_micro_batches=forward_learner.config.learner.forward_splits,
-                remat=update_config.model.remat, attention=update_learner.attention,
+                remat=update_config.model.remat, scan_layers=update_config.model.scan_layers,
+                compute_dtype=update_config.model.compute_dtype, attention=update_learner.attention,
                 state_bytes=update_learner.state_bytes, phases=tuple(phases))
 
 

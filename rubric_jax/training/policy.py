@@ -42,8 +42,9 @@ def make_mesh(config: MeshConfig) -> Mesh:
 
 def decoder_options(spec: ModelSpec) -> dict[str, Any]:
     """The Decoder's keyword arguments of a run's policy besides its config: the sharding hook, `spec`'s attention
-    kernel and remat."""
-    return dict(shard_activations=sharding.shard_activations, attention=spec.attention, remat=spec.remat)
+    kernel, remat, layer scan and compute dtype."""
+    return dict(shard_activations=sharding.shard_activations, attention=spec.attention, remat=spec.remat,
+                scan_layers=spec.scan_layers, dtype=jnp.dtype(spec.compute_dtype))
 
 
 def build_policy(spec: ModelSpec, task: Any, mesh: Mesh) -> tuple[Decoder, Any]:

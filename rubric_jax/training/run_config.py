@@ -61,13 +61,18 @@ class ModelSpec:
     attention: the learner's full-sequence attention (`models.attention`): "auto" (by backend: Pallas splash
     attention on TPU, XLA elsewhere: a run's float32 policy never gets cuDNN silently), "xla", "splash" or "cudnn"
     (CUDA GPUs; attention in bfloat16). `remat`: rematerialise each layer in the backward pass
-    (less activation memory, one more forward pass of compute)."""
+    (less activation memory, one more forward pass of compute). `scan_layers`: the learner's passes loop over the
+    layers' stacked parameters (`Decoder`): the same arithmetic, compiled once. `compute_dtype`: the learner's
+    activations and matmul operands ("bfloat16": mixed precision as verl's FSDP runs it, parameters, optimizer
+    state, logprobs and losses staying float32; half the activation memory of "float32", the default)."""
 
     path: Optional[str] = None
     init: Optional[ModelInit] = None
     chat_template_kwargs: dict = dataclasses.field(default_factory=dict)
     attention: Literal["auto", "xla", "splash", "cudnn"] = "auto"
     remat: bool = False
+    scan_layers: bool = False
+    compute_dtype: Literal["float32", "bfloat16"] = "float32"
 
     def __post_init__(self):
         _require((self.path is None) != (self.init is None), "exactly one of model.path and model.init must be set")

@@ -50,8 +50,8 @@ def policy_batch(seed: int = 0) -> dict[str, np.ndarray]:
     }
 
 
-def one_step(loss_fn, *, mesh_shape=(1, 1, 1), **step_kwargs):
-    model = Decoder(CONFIG, rngs=nnx.Rngs(0), shard_activations=sharding.shard_activations)
+def one_step(loss_fn, *, mesh_shape=(1, 1, 1), decoder_options=None, **step_kwargs):
+    model = Decoder(CONFIG, rngs=nnx.Rngs(0), shard_activations=sharding.shard_activations, **(decoder_options or {}))
     rules = sharding.partition_rules(CONFIG)
     mesh = sharding.make_mesh(*mesh_shape, devices=jax.devices()[: int(np.prod(mesh_shape))])
     optimizer = optax.sgd(0.5)
@@ -81,6 +81,18 @@ def test_micro_batches_accumulate_to_the_full_batch(name, micro_batches):
 def test_micro_batches_on_a_sharded_mesh_equal_the_unsharded_full_batch():
     full_metrics, full_params = one_step(PPO)
     metrics, params = one_step(PPO, mesh_shape=(2, 2, 2), micro_batches=2)
+    for key in metrics:
+        np.testing.assert_allclose(metrics[key], full_metrics[key], **TOL, err_msg=key)
+    for leaf, full_leaf in zip(params, full_params):
+        np.testing.assert_allclose(leaf, full_leaf, **TOL)
+
+
+def test_a_decoder_scanning_its_layers_takes_the_same_step_on_a_sharded_mesh():
+    """`scan_layers` (with remat, as the paper configs run it) over micro-batches on a 2 x 2 x 2 mesh: the loss, the
+    gradient norm and every updated parameter of the unrolled decoder's unsharded full-batch step."""
+    full_metrics, full_params = one_step(PPO)
+    metrics, params = one_step(PPO, mesh_shape=(2, 2, 2), micro_batches=2,
+                               decoder_options=dict(remat=True, scan_layers=True))
     for key in metrics:
         np.testing.assert_allclose(metrics[key], full_metrics[key], **TOL, err_msg=key)
     for leaf, full_leaf in zip(params, full_params):
@@ -123,11 +135,13 @@ def test_the_sft_loss_is_the_masked_cross_entropy_of_full_logits():
     np.testing.assert_allclose(metrics["loss"], total / count, rtol=1e-5)
 
 
-@pytest.mark.parametrize("micro_batches, remat", [(1, False), (2, False), (4, True)])
-def test_make_logprobs_fn_equals_sequence_logprobs(micro_batches, remat):
+@pytest.mark.parametrize("micro_batches, remat, scan_layers", [(1, False, False), (2, False, False),
+                                                                 (4, True, False), (2, True, True)])
+def test_make_logprobs_fn_equals_sequence_logprobs(micro_batches, remat, scan_layers):
     """Also over micro-batches: every row comes back in its place (the rows differ, so a permutation would show);
-    a remat decoder too (its layers are re-traced inside the micro-batch loop)."""
-    model = Decoder(CONFIG, rngs=nnx.Rngs(0), remat=remat)
+    a remat decoder too (its layers are re-traced inside the micro-batch loop), and one scanning its layers on
+    the sharded mesh."""
+    model = Decoder(CONFIG, rngs=nnx.Rngs(0), remat=remat, scan_layers=scan_layers)
     rules = sharding.partition_rules(CONFIG)
     mesh = sharding.make_mesh(1, 2, 1, devices=jax.devices()[:2])
     graphdef, params = nnx.split(model)

@@ -37,7 +37,7 @@ OPTIMIZER_SCALARS = 2
 
 
 def _config_file(tmp_path, model: ModelConfig = TINY) -> str:
-    (tmp_path / "model").mkdir()
+    (tmp_path / "model").mkdir(parents=True)
     (tmp_path / "model" / "config.json").write_text(json.dumps(model.to_hf_dict()))
     path = tmp_path / "run.yaml"
     path.write_text(f"output_dir: {tmp_path}/run\nsteps: 1\nmodel: {{path: {tmp_path}/model}}\n"
@@ -77,6 +77,25 @@ def test_argument_bytes_follow_the_partition_rules(tmp_path, topology, mesh):
     assert result.fits and result.attention == "xla"
     assert result.train.flops > 0 and 0 < result.mfu_ceiling <= 1
     assert result.step_flops >= result.model_flops == 6 * result.parameters * ROWS * (PROMPT + RESPONSE)
+
+
+def test_scanned_layers_and_bfloat16_activations_keep_the_arguments_and_shrink_the_temporaries(tmp_path):
+    """`model.scan_layers` with `model.compute_dtype=bfloat16` changes no argument (the parameters keep their
+    per-layer arrays and float32), and the report says so; XLA's FLOP count, which counts the layer loop's body
+    once, is not reported, and the step-time bound falls back on 6 N tokens. The step's temporaries (with remat:
+    the residuals and one layer's activations) are smaller than the unrolled float32 decoder's."""
+    base = ["model.attention=xla", "learner.mesh.fsdp=4", "model.remat=true"]
+    wide = dataclasses.replace(TINY, num_layers=2)
+    scanned, unrolled = (
+        plan.plan_learner(load_config(RLConfig, _config_file(tmp_path / name, wide), [*base, *extra]), wide,
+                          "v5e:2x2", prompt_tokens=PROMPT)
+        for name, extra in (("scanned", ["model.scan_layers=true", "model.compute_dtype=bfloat16"]), ("unrolled", [])))
+    assert scanned.train.argument_bytes == unrolled.train.argument_bytes
+    assert scanned.compiled_flops is None and scanned.step_flops == scanned.model_flops
+    assert "layers scanned, bfloat16 activations" in scanned.report()
+    assert "compiled n/a (scanned layers)" in scanned.report()
+    assert "layers unrolled, float32 activations" in unrolled.report() and unrolled.compiled_flops > 0
+    assert scanned.train.temp_bytes < unrolled.train.temp_bytes
 
 
 def test_a_second_role_a_critic_and_a_reference_are_planned_and_their_state_counted(tmp_path):
