@@ -18,3 +18,12 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 # The tiny Hugging Face checkpoints every model, inference and judge test loads (built once per session).
 from tests.tiny_checkpoints import tiny_llama_dir, tiny_qwen3_dir, tiny_qwen3_untied_dir  # noqa: E402,F401
+
+
+def pytest_collection_finish(session):
+    """Starts building llama.cpp's server in the background when a collected test needs it
+    (tests/judges/llama_cpp.py), so the build overlaps the tests that run before it."""
+    if any({"llama_server", "llama_gguf"} & set(getattr(item, "fixturenames", ())) for item in session.items):
+        from tests.judges import llama_cpp  # noqa: PLC0415
+
+        llama_cpp.start_building()

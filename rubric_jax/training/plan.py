@@ -239,10 +239,11 @@ class Plan:
             *(f"{phase.name} per chip: {phase.describe(hbm)}" for phase in self.phases),
         ]
         if self.train.out_of_memory is None:
-            compiled = "n/a (scanned layers)" if self.compiled_flops is None else f"{self.compiled_flops:.3e}"
+            # Without XLA's count the bound is the model's FLOPs at peak, and an MFU ceiling would say nothing.
+            compiled, ceiling = (("n/a (scanned layers)", "") if self.compiled_flops is None else
+                                 (f"{self.compiled_flops:.3e}", f", MFU <= {self.mfu_ceiling:.0%}"))
             lines.append(f"FLOPs per train step: compiled {compiled}, 6 N tokens "
-                         f"{self.model_flops:.3e}; step time >= {self.step_time_lower_bound_s:.2f} s, "
-                         f"MFU <= {self.mfu_ceiling:.0%}")
+                         f"{self.model_flops:.3e}; step time >= {self.step_time_lower_bound_s:.2f} s{ceiling}")
         lines.append("fits" if self.fits else "DOES NOT FIT in HBM")
         return "\n".join(lines)
 

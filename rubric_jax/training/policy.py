@@ -48,7 +48,11 @@ def decoder_options(spec: ModelSpec) -> dict[str, Any]:
 
 
 def build_policy(spec: ModelSpec, task: Any, mesh: Mesh) -> tuple[Decoder, Any]:
-    """(decoder on `mesh`, tokenizer) for `spec` (module docstring)."""
+    """(decoder on `mesh`, tokenizer) for `spec` (module docstring). ValueError for bfloat16 activations on CPU
+    devices, whose XLA backend cannot run all of the float32-accumulating bfloat16 matmuls a train step needs."""
+    if spec.compute_dtype == "bfloat16" and mesh.devices.flat[0].platform == "cpu":
+        raise ValueError("model.compute_dtype bfloat16 needs GPUs or TPUs (XLA's CPU backend cannot run every "
+                         "bfloat16 matmul with float32 accumulation): use float32 on CPU")
     if spec.path is not None:
         model = load_hf_checkpoint(spec.path, mesh=mesh, **decoder_options(spec))
         return model, load_tokenizer(spec.path)

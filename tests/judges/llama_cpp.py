@@ -8,7 +8,8 @@ How it gets here, with nothing but the package index and a C++ toolchain:
   statically, without the web UI, HTTPS or network downloads. The binary goes to a cache beside the repository
   (CACHE, ignored by git), put there atomically (built in a scratch directory, renamed when complete) under a file
   lock, so a killed or concurrent build never leaves a half-built binary to a later run. CI starts from a clean
-  checkout and builds it.
+  checkout and builds it: when a session collects a test that needs the server, tests/conftest.py starts the build
+  in the background (`start_building`, at low priority), so it overlaps the tests that run before.
 - The checkpoint is converted to GGUF by the same source's `convert_hf_to_gguf.py` (gguf_convert.py, in a
   process of its own), float32. Its converter identifies a BPE pre-tokenizer by hashing what it does to a test
   text and knows only published tokenizers, so the tiny byte-level BPE is declared `gpt-2` (the same byte-level
@@ -23,14 +24,17 @@ What `llama-server` does, read off build 0c1e570 (vendored by llama-cpp-python 0
   `--api-key` every /v1 route wants `Authorization: Bearer <key>` (401 otherwise); GET /health stays open.
 """
 
+import atexit
 import contextlib
 import fcntl
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
+import threading
 from pathlib import Path
 from typing import Iterator, Optional
 
@@ -57,12 +61,30 @@ def _locked(path: Path) -> Iterator[None]:
         yield
 
 
-def _run(command: list, log: Path, what: str, **kwargs) -> None:
+_RUNNING: set[subprocess.Popen] = set()
+
+
+@atexit.register
+def _stop_running() -> None:
+    """A background build still running when the session ends (its tests deselected or never reached) is
+    stopped with its children, not left to the machine."""
+    for process in list(_RUNNING):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+
+
+def _run(command: list, log: Path, what: str) -> None:
     with open(log, "ab") as out:
-        done = subprocess.run([str(part) for part in command], stdout=out, stderr=subprocess.STDOUT, **kwargs)
-    if done.returncode != 0:
+        process = subprocess.Popen(["nice", "-n", "10", *map(str, command)], stdout=out, stderr=subprocess.STDOUT,
+                                   start_new_session=True)
+        _RUNNING.add(process)
+        try:
+            code = process.wait()
+        finally:
+            _RUNNING.discard(process)
+    if code != 0:
         tail = log.read_text(errors="replace")[-4000:]
-        raise RuntimeError(f"{what} failed with code {done.returncode}; {log} ends:\n{tail}")
+        raise RuntimeError(f"{what} failed with code {code}; {log} ends:\n{tail}")
 
 
 def llama_cpp_source() -> Path:
@@ -84,18 +106,50 @@ def llama_cpp_source() -> Path:
     return source
 
 
+BINARY = CACHE / "bin" / "llama-server"
+_background: dict[str, object] = {}
+
+
+def _missing_tools() -> list[str]:
+    return [tool for tool in ("cmake", "c++", "nice") if shutil.which(tool) is None]
+
+
+def start_building() -> None:
+    """Starts `llama_server_binary`'s build in a background thread, once, unless the binary exists or the tools
+    are missing; `llama_server_binary` then waits for it."""
+    if "thread" in _background or BINARY.is_file() or _missing_tools():
+        return
+
+    def build() -> None:
+        try:
+            _build()
+        except BaseException as error:  # handed to the test that waits for the binary
+            _background["error"] = error
+
+    _background["thread"] = threading.Thread(target=build, name="llama-server build", daemon=True)
+    _background["thread"].start()
+
+
 def llama_server_binary() -> Path:
-    """`llama-server`, built into CACHE once (module docstring); skips the test when CMake or a C++ compiler is
-    missing."""
-    binary = CACHE / "bin" / "llama-server"
-    if binary.is_file():
-        return binary
-    missing = [tool for tool in ("cmake", "c++") if shutil.which(tool) is None]
+    """`llama-server`, built into CACHE once (module docstring), or the background build's; skips the test when
+    CMake or a C++ compiler is missing."""
+    if "thread" in _background:
+        _background["thread"].join()
+        if "error" in _background:
+            raise RuntimeError("the background build of llama-server failed") from _background["error"]
+    if BINARY.is_file():
+        return BINARY
+    missing = _missing_tools()
     if missing:
         pytest.skip(f"building llama-server needs {' and '.join(missing)}")
+    return _build()
+
+
+def _build() -> Path:
+    """Builds BINARY (module docstring) unless another build made it while this one waited for the lock."""
     source = llama_cpp_source()
     with _locked(CACHE / "build.lock"):
-        if not binary.is_file():
+        if not BINARY.is_file():
             scratch = CACHE / "build"
             shutil.rmtree(scratch, ignore_errors=True)
             log = CACHE / "build.log"
@@ -103,10 +157,10 @@ def llama_server_binary() -> Path:
             _run(["cmake", "-S", source, "-B", scratch, *_CMAKE_OPTIONS], log, "configuring llama.cpp")
             _run(["cmake", "--build", scratch, "--target", "llama-server", "--parallel", str(os.cpu_count() or 1)],
                  log, "building llama-server")
-            binary.parent.mkdir(exist_ok=True)
-            os.replace(scratch / "bin" / "llama-server", binary)  # static: it needs nothing else of the build
+            BINARY.parent.mkdir(exist_ok=True)
+            os.replace(scratch / "bin" / "llama-server", BINARY)  # static: it needs nothing else of the build
             shutil.rmtree(scratch)
-    return binary
+    return BINARY
 
 
 def convert_to_gguf(checkpoint_dir: Path, out: Path) -> Path:
@@ -125,10 +179,13 @@ def llama_serve(binary: Path, gguf: Path, log_path: Path, api_key: Optional[str]
                 startup_timeout_s: float = 60.0) -> contextlib.AbstractContextManager[real_server.RealServer]:
     """`real_server.serve`s `gguf` with `llama-server` on a free loopback port, one slot of CONTEXT tokens, under
     the name of the file without its suffix (`--alias`, the RealServer's model); every /v1 request then needs
-    `api_key` when one is given."""
+    `api_key` when one is given. No prompt cache: a prompt asked again is computed afresh, in the same shapes, so
+    greedy decoding answers it the same (a cached prefix changes the matmuls' shapes, hence their rounding, which
+    can flip a near-tie of the random model)."""
     port = real_server.free_port()
     command = [str(binary), "-m", str(gguf), "--alias", gguf.stem, "--host", real_server.HOST, "--port", str(port),
-               "-np", "1", "-c", str(CONTEXT), "--seed", "0", *(["--api-key", api_key] if api_key else [])]
+               "-np", "1", "-c", str(CONTEXT), "--seed", "0", "--no-cache-prompt", "--cache-ram", "0",
+               *(["--api-key", api_key] if api_key else [])]
     return real_server.serve(command, gguf.stem, f"http://{real_server.HOST}:{port}", log_path, startup_timeout_s)
 
 

@@ -48,8 +48,9 @@ llama_gguf = llama_cpp.llama_gguf
 
 MAX_TOKENS = 96
 LONG_ANSWER = 400  # room for a whole SRaR or grounded answer, which the grammar pads with blank lines
-# One retry at most: the exact stats below would show any retry a test does not expect.
-PATIENT = RetryPolicy(max_attempts=2, initial_backoff_s=0.01, max_backoff_s=0.02, timeout_s=60.0)
+# One retry at most: the exact stats below would show any retry a test does not expect. A generous timeout: the
+# server generates one request at a time, so on a loaded machine a request may wait minutes for the others.
+PATIENT = RetryPolicy(max_attempts=2, initial_backoff_s=0.01, max_backoff_s=0.02, timeout_s=300.0)
 KEY_ENV = "RUBRIC_JAX_LLAMA_SERVER_TEST_KEY"
 REPO = Path(__file__).resolve().parents[2]
 
@@ -165,7 +166,7 @@ def test_a_server_that_wants_a_key_is_opened_by_the_key_the_config_names(llama_g
     binary = llama_cpp.llama_server_binary()
     with llama_cpp.llama_serve(binary, llama_gguf, tmp_path / "server.log", api_key="secret-key") as server:
         config = JudgeConfig(kind="llm", url=server.base_url, model=server.model, format="rating",
-                             max_tokens=MAX_TOKENS, max_attempts=2, timeout_s=60.0, api_key_env=KEY_ENV)
+                             max_tokens=MAX_TOKENS, max_attempts=2, timeout_s=300.0, api_key_env=KEY_ENV)
         monkeypatch.delenv(KEY_ENV, raising=False)
         with pytest.raises(rl.RunStopped, match=f"judge.api_key_env names {KEY_ENV}, which is not set"):
             rl.auth_headers(config, "judge")

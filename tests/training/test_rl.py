@@ -46,6 +46,24 @@ def tiny_rl_config(tmp_path, **changes) -> RLConfig:
     return RLConfig(**fields)
 
 
+def test_a_learner_scanning_its_layers_trains_and_bfloat16_activations_are_refused_on_cpu(tmp_path):
+    """`model.scan_layers`: two steps, finite metrics, a gradient, and the learner's logprobs of the sampled
+    tokens those of the engine (the same model decoding unrolled with its cache). `model.compute_dtype: bfloat16`,
+    which the paper configs add for accelerators, stops a CPU run before anything is written."""
+    config = tiny_rl_config(tmp_path, steps=2, model=ModelSpec(init=TINY, scan_layers=True))
+    train_rl(config, toy_task())
+    lines = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert [line["step"] for line in lines] == [1, 2]
+    for line in lines:
+        assert all(math.isfinite(value) for value in line.values())
+        assert line["train/grad_norm"] > 0 and line["mismatch/max_abs"] < 1e-4
+
+    config = tiny_rl_config(tmp_path / "bf16", model=ModelSpec(init=TINY, compute_dtype="bfloat16"))
+    with pytest.raises(ValueError, match="model.compute_dtype bfloat16 needs GPUs or TPUs"):
+        train_rl(config, toy_task())
+    assert not (tmp_path / "bf16" / "run").exists()
+
+
 def test_one_full_rl_step_writes_every_metric_checkpoint_plot_and_model(tmp_path):
     config = tiny_rl_config(tmp_path)
     last = train_rl(config, toy_task())
