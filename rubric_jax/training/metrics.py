@@ -29,7 +29,10 @@ import numpy as np
 
 METRICS_FILE = "metrics.jsonl"
 SAMPLES_FILE = "samples.jsonl"
-DEFAULT_CONSOLE_KEYS = ("reward/mean", "judge/failure_rate", "train/loss", "train/grad_norm", "train/entropy")
+# The eval/* keys are on the console on the steps where an evaluation ran (a key a step lacks is not shown);
+# eval/accuracy only for tasks with outcome answers, eval/points_score only for rubrics with signed points.
+DEFAULT_CONSOLE_KEYS = ("reward/mean", "judge/failure_rate", "train/loss", "train/grad_norm", "train/entropy",
+                        "eval/rubric_score", "eval/points_score", "eval/accuracy")
 
 
 def _scalar(key: str, value) -> Union[int, float]:

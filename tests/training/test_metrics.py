@@ -116,6 +116,20 @@ def test_console_line_without_total_steps_has_no_eta(tmp_path, clock):
     assert stream.getvalue() == "step 7 | reward/mean 0.5 | train/loss -0.012 | 0.5 s/step\n"
 
 
+def test_default_console_line_shows_eval_metrics_on_the_steps_that_evaluated(tmp_path, clock):
+    stream = io.StringIO()
+    writer = MetricsWriter(tmp_path, tensorboard=False, stream=stream)
+    clock.now = 1.0
+    writer.write(1, {"reward/mean": 0.5, "eval/rubric_score": 0.25, "eval/accuracy": 0.75, "eval/pass@4": 1.0})
+    clock.now = 2.0
+    writer.write(2, {"reward/mean": 0.5})
+    writer.close()
+    assert stream.getvalue().splitlines() == [
+        "step 1 | reward/mean 0.5 | eval/rubric_score 0.25 | eval/accuracy 0.75 | 1 s/step",
+        "step 2 | reward/mean 0.5 | 1 s/step",
+    ]
+
+
 def test_console_off_writes_nothing(tmp_path):
     stream = io.StringIO()
     with MetricsWriter(tmp_path, tensorboard=False, console=False, stream=stream) as writer:
