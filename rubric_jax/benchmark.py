@@ -11,7 +11,7 @@ a run config checked against its dataset, its first prompts rendered, without tr
 - `markdown_report(metrics, title)`: the metrics as markdown tables: the overall ones, then the per-tag and
   per-criterion-tag breakdowns (HealthBench's themes and axes).
 - `validation_report(config, task, tokenizer, rows)`: what `rubric-jax validate` prints: rows used and skipped,
-  each role's longest prompt (the recipe's `role_prompts`: SRaR's step format, RLCER's rubricator, ...), the
+  the rubrics' negative-weight criteria and what the configured reward does with them, each role's longest prompt (the recipe's `role_prompts`: SRaR's step format, RLCER's rubricator, ...), the
   first rows' prompts as each role and the judge receive them.
 """
 
@@ -133,6 +133,7 @@ def validation_report(config: RLConfig, task: Any, tokenizer: Any, rows: int) ->
                      + (", skipped " + ", ".join(f"{k} {v}" for k, v in skipped.items()) if skipped else
                         ", none skipped")
                      + f"; longest rubric {task.longest_rubric} items")
+        lines += _penalty_lines(algorithm, task)
     kwargs = config.model.chat_template_kwargs
     if hasattr(task, "data_metrics"):
         lines += _prompt_lengths(algorithm, task, tokenizer, kwargs, config.rollout.max_prompt_tokens)
@@ -152,6 +153,22 @@ def validation_report(config: RLConfig, task: Any, tokenizer: Any, rows: int) ->
     finally:
         judge.close()
     return "\n".join(lines) + "\n"
+
+
+def _penalty_lines(algorithm: Any, task: Any) -> list[str]:
+    """A line on the training rows' negative-weight criteria and what the configured reward does with them
+    (`Algorithm.negative_weights`), and one on the rows whose rubric has no positive weight (a weighted score
+    gives them 0 whatever the response: no signal); nothing when there are none."""
+    penalties = without_positive = 0
+    for example in task.train_records():
+        weights = [c.weight for c in task.rubric(example).criteria]
+        penalties += sum(w < 0 for w in weights)
+        without_positive += bool(weights) and max(weights) <= 0
+    lines = [f"rubrics: {penalties} criteria with a negative weight: {algorithm.negative_weights}"] if penalties else []
+    if without_positive:
+        lines.append(f"rubrics: {without_positive} rows with no positive weight: a weighted score (positive points, "
+                     "weighted fraction) gives them 0 whatever the response")
+    return lines
 
 
 def _prompt_lengths(algorithm: Any, task: Any, tokenizer: Any, chat_template_kwargs: Mapping[str, Any],

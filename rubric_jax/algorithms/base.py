@@ -16,15 +16,16 @@ Conventions:
   detached, the loss sees the update's own logprobs, detached, under that name instead) and, when the recipe
   asks for a reference, "ref_logp_bt".
 - Rows are prompt-major, G consecutive rows per prompt, and row b's group id is b // G.
-- Metrics are flat {name: float} with "/"-separated names: "reward/...", "rubric/<criterion name>",
-  "judge/...", "response/...", "advantage/...", "outcome/accuracy".
+- Metrics are flat {name: float} with "/"-separated names: "reward/...", "rubric/<criterion name>" or
+  "rubric/tag/<tag>" (`criterion_metric_keys`),
+  "judge/...", "response/...", "advantage/...", "outcome/accuracy" (for tasks with outcome answers, `has_outcome`).
 """
 
 import abc
 import collections
 import dataclasses
 import functools
-from typing import Any, Literal, Mapping, Optional, Protocol, Sequence
+from typing import Any, Literal, Mapping, Optional, Protocol, Sequence, Set
 
 import jax
 import jax.numpy as jnp
@@ -35,7 +36,7 @@ from rubric_jax.inference.engine import RolloutBatch, RolloutEngine, Sample, Sam
 from rubric_jax.judges.base import Judge, JudgeRequest, Verdicts
 from rubric_jax.judges.llm import LLMMetaVerifier
 from rubric_jax.models import train_step
-from rubric_jax.rubrics.schema import Rubric
+from rubric_jax.rubrics.schema import Criterion, Rubric
 from rubric_jax.rubrics.steps import response_text, split_steps
 
 PROMPT_WIDTH_MULTIPLE = 16  # prompt widths are rounded up to this, so the learner's step rarely recompiles
@@ -51,13 +52,24 @@ class Task(Protocol):
         """The question as the judge sees it."""
 
     def rubric(self, example: Any) -> Rubric:
-        """The example's rubric."""
+        """The example's rubric. A task whose rubrics differ per example may set `recurring_criterion_names`, the
+        criterion names that more than one of its rubrics has (absent or None: every name recurs); the others
+        are reported by tag (`criterion_metric_keys`)."""
 
     def reference(self, example: Any) -> Optional[str]:
         """What the judge may see and the policy never does (a ground truth, a grounding passage), or None."""
 
     def is_correct(self, response: str, example: Any) -> bool:
-        """Outcome correctness of a response (accuracy metrics; outcome rewards)."""
+        """Outcome correctness of a response (accuracy metrics; outcome rewards). A task without outcome
+        answers (a dataset task with `answer_kind: none`) sets an attribute `has_outcome = False` (absent: True;
+        `has_outcome`): its `is_correct` is False for every response, and no accuracy metric is logged for it."""
+
+
+def has_outcome(task: Any) -> bool:
+    """Whether `task`'s `is_correct` checks answers (its `has_outcome` attribute; absent: True). Accuracy metrics
+    (outcome/accuracy, eval/accuracy, eval/pass@k, ...) are logged only for such tasks: for a task with no answers
+    to check they would be a constant 0 that reads as a failing policy."""
+    return bool(getattr(task, "has_outcome", True))
 
 
 @dataclasses.dataclass
@@ -383,6 +395,12 @@ class Algorithm(abc.ABC):
         """Whether the learner must keep the frozen initial policy (for a KL penalty)."""
         return self.policy_loss.kl_coef > 0
 
+    @property
+    def negative_weights(self) -> str:
+        """What the configured reward does with a task rubric's negative-weight (penalty) criteria, in words that
+        follow "N criteria with a negative weight: " (`rubric-jax validate` prints it when the data has some)."""
+        return "not read: this recipe's reward does not use the task's rubric weights"
+
     def role_prompts(self, task: Any, example: Any, placeholder: str) -> dict[str, list[dict[str, str]]]:
         """The prompt of each role of the recipe for `example`, by role name, as `sample_groups` is handed them;
         a prompt built from model text (a CoT, a response to refine) shows `placeholder` in its place. What
@@ -558,31 +576,53 @@ def judge_rollouts(
     return verdicts, rubrics
 
 
-def rubric_metrics(verdicts: Verdicts, rubrics: Sequence[Rubric]) -> dict[str, float]:
-    """Per-criterion satisfaction rates by criterion name ("rubric/<name>", over the rows whose rubric has it,
-    failed rows included as unsatisfied), and judge failures: "judge/failure_rate", "judge/failed/<reason>"."""
+def criterion_metric_keys(criterion: Criterion, recurring_names: Optional[Set[str]] = None) -> tuple[str, ...]:
+    """The metric keys a criterion's verdict is averaged under: "rubric/<name>" when it has a name that recurs
+    across the task's rubrics (`recurring_names`; None: every name does), else "rubric/tag/<tag>" for each of its
+    tags (HealthBench's "axis:accuracy", "theme:..."), else "rubric/untagged". Never its position: the k-th
+    criteria of different rubrics are different criteria, and a name that only one rubric has would make one key
+    per row of the dataset."""
+    if criterion.name is not None and (recurring_names is None or criterion.name in recurring_names):
+        return (f"rubric/{criterion.name}",)
+    return tuple(f"rubric/tag/{tag}" for tag in criterion.tags) or ("rubric/untagged",)
+
+
+def criterion_metrics(verdicts: Verdicts, rubrics: Sequence[Rubric], task: Any = None) -> dict[str, float]:
+    """Per-criterion satisfaction rates under `criterion_metric_keys` (the task's `recurring_criterion_names`,
+    absent or None: every name recurs), each over the criteria of the rows that have that key, failed rows
+    included as unsatisfied."""
+    recurring = getattr(task, "recurring_criterion_names", None)
     totals, counts = collections.defaultdict(float), collections.defaultdict(int)
     for b, rubric in enumerate(rubrics):
         for k, criterion in enumerate(rubric.criteria):
-            name = criterion.name or f"item{k}"
-            totals[name] += float(verdicts.satisfied_bk[b, k])
-            counts[name] += 1
-    metrics = {f"rubric/{name}": totals[name] / counts[name] for name in totals}
+            for key in criterion_metric_keys(criterion, recurring):
+                totals[key] += float(verdicts.satisfied_bk[b, k])
+                counts[key] += 1
+    return {key: totals[key] / counts[key] for key in totals}
+
+
+def rubric_metrics(verdicts: Verdicts, rubrics: Sequence[Rubric], task: Any = None) -> dict[str, float]:
+    """Per-criterion satisfaction rates (`criterion_metrics`: "rubric/<name>", "rubric/tag/<tag>"), and judge
+    failures: "judge/failure_rate", "judge/failed/<reason>"."""
+    metrics = criterion_metrics(verdicts, rubrics, task)
     metrics["judge/failure_rate"] = float(np.mean(verdicts.failed_b)) if len(rubrics) else 0.0
     for reason, count in verdicts.failure_counts().items():
         metrics[f"judge/failed/{reason}"] = float(count)
     return metrics
 
 
-def rollout_metrics(rollouts: Rollouts, correct_b: np.ndarray) -> dict[str, float]:
-    """Response lengths, the truncated fraction (finish reason "length"), and outcome accuracy."""
+def rollout_metrics(rollouts: Rollouts, correct_b: np.ndarray, task: Any) -> dict[str, float]:
+    """Response lengths, the truncated fraction (finish reason "length"), and outcome accuracy ("outcome/accuracy",
+    only for a task with outcome answers: `has_outcome`)."""
     lengths = np.array([len(s.output_ids) for s in rollouts.samples], np.float64)
-    return {
+    metrics = {
         "response/length_mean": float(lengths.mean()),
         "response/length_max": float(lengths.max()),
         "response/truncated_fraction": float(np.mean([s.finish_reason == "length" for s in rollouts.samples])),
-        "outcome/accuracy": float(np.mean(correct_b)),
     }
+    if has_outcome(task):
+        metrics["outcome/accuracy"] = float(np.mean(correct_b))
+    return metrics
 
 
 def summary_stats(name: str, values, mask=None) -> dict[str, float]:

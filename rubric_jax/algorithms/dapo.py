@@ -108,7 +108,7 @@ class DAPO(base.Algorithm):
         metrics = {
             **base.summary_stats("reward", reward_b),
             **base.summary_stats("advantage", advantage_b, keep_b),
-            **base.rollout_metrics(rollouts, correct_b),
+            **base.rollout_metrics(rollouts, correct_b, context.task),
             "dapo/kept_group_fraction": kept_group_fraction(keep_b, group_ids),
             "dapo/overlong_penalty_mean": float(np.mean(outcome_b - reward_b)),
         }

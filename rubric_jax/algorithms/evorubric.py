@@ -293,6 +293,12 @@ def _written_base_rubrics(entries: Any) -> dict[str, tuple[Criterion, ...]]:
 class EvoRubric(base.Algorithm):
     config_class = EvoRubricConfig
 
+    @property
+    def negative_weights(self) -> str:
+        if self.config.base_rubric == "generated":
+            return "not read: the base rubrics are generated (base_rubric: generated), not the task's"
+        return "counted: a met one subtracts its points (the positive-points score of the base rubric, eq 4)"
+
     def __init__(self, config: EvoRubricConfig):
         super().__init__(config)
         self.pool = MemoryPool(config.pool_max_per_question, config.pool_max_questions)
@@ -428,8 +434,8 @@ class EvoRubric(base.Algorithm):
             **base.summary_stats("generator/advantage", generator_advantage),
             **{f"generator/{name}": float(np.mean(value)) for name, value in generator_terms_.items()},
             "generator/length_mean": float(np.mean([len(s.output_ids) for s in generator.samples])),
-            **base.rubric_metrics(verdicts, [rubrics[s.prompt_index] for s in reasoner.samples]),
-            **base.rollout_metrics(reasoner, correct),
+            **base.rubric_metrics(verdicts, [rubrics[s.prompt_index] for s in reasoner.samples], task),
+            **base.rollout_metrics(reasoner, correct, task),
             **self._evolution_metrics(proposals, terms, verified_mask, archived),
             **base_metrics,
         }

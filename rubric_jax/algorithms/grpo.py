@@ -148,6 +148,6 @@ class GRPO(base.Algorithm):
         metrics.update({
             **base.summary_stats("reward", reward_b),
             **base.summary_stats("advantage", advantage_b),
-            **base.rollout_metrics(rollouts, correct_b),
+            **base.rollout_metrics(rollouts, correct_b, context.task),
         })
         return base.Experience(batch=batch, prompt_width=rollouts.prompt_width, metrics=metrics)

@@ -5,11 +5,11 @@ advantages. The scalar the step-wise methods (SRaR) and the grounded judge (rubr
 For each step (G = sampling.n responses per prompt):
   1. sample G responses per prompt                               base.sample_groups
   2. judge each against its example's rubric                     base.judge_rollouts
-  3. r_i = sum_k w_k s_ik / sum_k w_k                            core.rewards.weighted_fraction
+  3. r_i = sum_k w_k s_ik / sum_k max(w_k, 0)                   core.rewards.positive_points_score
+     (`score: positive_points`, the default: HealthBench's score; with non-negative weights it is RaR's
+     sum_k w_k s_ik / sum_k w_k, core.rewards.weighted_fraction, and a met penalty w_k < 0 subtracts)
+     or `score: weighted_fraction` (a negative weight counts 0)     core.rewards.weighted_fraction
      (a typed rubric's PITFALL item: s = 1 when avoided)          core.rewards.typed_item_credit
-     or, `score: positive_points` (signed points, HealthBench's    core.rewards.positive_points_score
-     grader score): points of the met items, penalties included,
-     over the positive points
      a rollout whose judgement failed: reward 0 (FailurePolicy ZERO_REWARD) or out of its group and the loss
      (EXCLUDE)
   4. A_i = (r_i - mean_g r) / (std_g r + eps), sample std        core.advantages.grpo_advantages
@@ -33,14 +33,22 @@ from rubric_jax.rubrics.schema import rubric_arrays
 @dataclasses.dataclass(frozen=True)
 class RaRConfig:
     """max_items: rubric width K (the longest rubric must fit); on_judge_failure: "zero_reward" or "exclude";
-    std_ddof / eps: GRPO's std (1: sample std) and epsilon. score: step 3's rubric score, "weighted_fraction"
-    (RaR's; a negative weight counts 0, so a met penalty costs nothing) or "positive_points" (rubrics with signed
-    points such as HealthBench's and RaR's pitfalls: a met penalty subtracts its points; the score may be
-    negative, and GRPO's normalisation takes it as it is)."""
+    std_ddof / eps: GRPO's std (1: sample std) and epsilon.
+
+    score: step 3's rubric score. "positive_points" (the default): the points of the met items, penalties
+    included, over the positive points (HealthBench's grader, `core.rewards.positive_points_score`). On a rubric
+    without negative weights it equals RaR's weighted fraction exactly (the same sums, property-tested in
+    tests/core/test_rewards.py), so the default changes nothing there; on rubrics with penalties (HealthBench's,
+    RaR-Medicine's "Pitfall Criteria" at -1 / -2) a met penalty subtracts its points, so the data's penalties
+    reach the policy. The score is at most 1 and may be negative (GRPO's normalisation takes it as it is); a
+    rubric with no positive points (penalties only) scores 0 whatever the response, as documented there
+    (`rubric-jax validate` counts such rows). "weighted_fraction": a negative weight counts 0, so a met penalty
+    costs nothing (`rubric-jax validate` says how many criteria that silences). A typed rubric's PITFALL item
+    (SRaR-style, positive weight) earns its weight when avoided in either score."""
 
     policy_loss: base.PolicyLossConfig = base.PolicyLossConfig()
     max_items: int = 16
-    score: Literal["weighted_fraction", "positive_points"] = "weighted_fraction"
+    score: Literal["weighted_fraction", "positive_points"] = "positive_points"
     on_judge_failure: Literal["zero_reward", "exclude"] = "zero_reward"
     std_ddof: int = 1
     eps: float = 1e-6
@@ -55,6 +63,13 @@ class RaRConfig:
 @register("rar")
 class RaR(base.Algorithm):
     config_class = RaRConfig
+
+    @property
+    def negative_weights(self) -> str:
+        if self.config.score == "positive_points":
+            return "counted: a met one subtracts its points from the reward (score: positive_points)"
+        return ("weighted 0: a met penalty costs nothing (score: weighted_fraction; score: positive_points "
+                "counts them)")
 
     @property
     def policy_loss(self) -> base.PolicyLossConfig:
@@ -82,7 +97,7 @@ class RaR(base.Algorithm):
         metrics = {
             **base.summary_stats("reward", reward_b),
             **base.summary_stats("advantage", advantage_b),
-            **base.rubric_metrics(verdicts, rubrics),
-            **base.rollout_metrics(rollouts, correct_b),
+            **base.rubric_metrics(verdicts, rubrics, context.task),
+            **base.rollout_metrics(rollouts, correct_b, context.task),
         }
         return base.Experience(batch=batch, prompt_width=rollouts.prompt_width, metrics=metrics)

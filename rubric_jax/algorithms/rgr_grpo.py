@@ -42,7 +42,8 @@ Metrics, besides reward/ (after the length penalty), advantage/, rubric/, judge/
 "rgr/solved_group_fraction" (groups whose best on-policy rollout meets every criterion, whether or not refinement
 is on), "rgr/off_policy_fraction" (groups refined: the off-policy mixture ratio of Figure 4),
 "rgr/on_policy_accuracy", and, when a group was refined, "rgr/refined_better_fraction" (refinements whose rubric
-reward beats their attempt's), "rgr/refined_accuracy" and "rgr/refined_rubric_reward/*"; the loss adds
+reward beats their attempt's), "rgr/refined_accuracy" and "rgr/refined_rubric_reward/*" (the accuracies only for a
+task with outcome answers, `base.has_outcome`); the loss adds
 "train/off_policy_tokens", "train/on_policy_ratio" and "train/shaped_prob" (`RGRGRPO.loss_fn`).
 
 Batch: base's layout plus "off_policy_b" [B] bool, the refined rows, which `loss_fn` reads. A refined row's
@@ -198,6 +199,11 @@ class RGRGRPO(base.Algorithm):
     config_class = RGRGRPOConfig
 
     @property
+    def negative_weights(self) -> str:
+        return ("weighted 0: eq 4's weighted fraction (the paper's weights are positive) lets a met penalty cost "
+                "nothing")
+
+    @property
     def policy_loss(self) -> base.PolicyLossConfig:
         return self.config.policy_loss
 
@@ -295,16 +301,20 @@ class RGRGRPO(base.Algorithm):
             **base.summary_stats("reward", reward_b),
             **base.summary_stats("rgr/rubric_reward", rubric_b),
             **base.summary_stats("advantage", advantage_b),
-            **base.rubric_metrics(rows.verdicts(), rubrics),
-            **base.rollout_metrics(base.Rollouts(rows.samples, rows.texts, batch, rollouts.prompt_width), correct_b),
+            **base.rubric_metrics(rows.verdicts(), rubrics, context.task),
+            **base.rollout_metrics(base.Rollouts(rows.samples, rows.texts, batch, rollouts.prompt_width), correct_b,
+                                   context.task),
             "rgr/solved_group_fraction": float(np.mean(solved_g)),
             "rgr/off_policy_fraction": float(np.mean(refine_g)),
-            "rgr/on_policy_accuracy": float(np.mean(correct_b[~rows.off_policy_b])),
         }
+        outcome = base.has_outcome(context.task)
+        if outcome:
+            metrics["rgr/on_policy_accuracy"] = float(np.mean(correct_b[~rows.off_policy_b]))
         if refined_groups.size:
             metrics["rgr/refined_better_fraction"] = float(np.mean(
                 rubric_b[refined_rows] > best_rubric_g[refined_groups]))
-            metrics["rgr/refined_accuracy"] = float(np.mean(correct_b[refined_rows]))
+            if outcome:
+                metrics["rgr/refined_accuracy"] = float(np.mean(correct_b[refined_rows]))
             metrics.update(base.summary_stats("rgr/refined_rubric_reward", rubric_b[refined_rows]))
         return base.Experience(batch=batch, prompt_width=rollouts.prompt_width, metrics=metrics)
 

@@ -465,7 +465,7 @@ class RLCER(base.Algorithm):
             **metrics,
             **base.summary_stats("reward", reasoner_reward_b),
             **base.summary_stats("rubricator/reward", rubricator_reward_m),
-            **base.rollout_metrics(reasoner, correct_b),
+            **base.rollout_metrics(reasoner, correct_b, task),
             **rlcer_metrics(table, scores, judged_pn, judgements.verdicts),
             "rubricator/length_mean": float(rubricator_lengths.mean()),
             "rubricator/truncated_fraction": float(np.mean([s.finish_reason == "length"

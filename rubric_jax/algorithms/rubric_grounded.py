@@ -92,6 +92,11 @@ class RubricGrounded(base.Algorithm):
     config_class = RubricGroundedConfig
 
     @property
+    def negative_weights(self) -> str:
+        return ("weighted 0: the paper's weighted fraction (eqs 1-2; its rubrics have non-negative weights) lets a "
+                "met penalty cost nothing")
+
+    @property
     def policy_loss(self) -> base.PolicyLossConfig:
         return self.config.policy_loss
 
@@ -131,8 +136,8 @@ class RubricGrounded(base.Algorithm):
         metrics = {
             **base.summary_stats("reward", reward_b),
             **base.summary_stats("advantage", advantage_b, trained_b),
-            **base.rubric_metrics(verdicts, rubrics),
-            **base.rollout_metrics(rollouts, correct_b),
+            **base.rubric_metrics(verdicts, rubrics, context.task),
+            **base.rollout_metrics(rollouts, correct_b, context.task),
             "grounded/zero_reward_fraction": float(np.mean(reward_b == 0)),
             "grounded/empty_rubric_fraction": float(np.mean([not r.criteria for r in rubrics])),
             "grounded/kept_group_fraction": kept_group_fraction(trained_b, group_ids),

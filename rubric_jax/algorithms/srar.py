@@ -377,6 +377,10 @@ class SRaR(base.Algorithm):
     config_class = SRaRConfig
 
     @property
+    def negative_weights(self) -> str:
+        return "not read: SRaR scores items by type and budget, not weight (a PITFALL item is its penalty)"
+
+    @property
     def policy_loss(self) -> base.PolicyLossConfig:
         return self.config.policy_loss
 
@@ -437,7 +441,7 @@ class SRaR(base.Algorithm):
             "srar/steps_mean": float(np.mean(steps_b)),
             **{f"srar/{k}": v for k, v in analysis_metrics(
                 task, owners, rollouts.texts, correct_b, verdicts, rubrics, config.budgets).items()},
-            **base.rubric_metrics(verdicts, rubrics),
-            **base.rollout_metrics(rollouts, correct_b),
+            **base.rubric_metrics(verdicts, rubrics, task),
+            **base.rollout_metrics(rollouts, correct_b, task),
         })
         return base.Experience(batch=batch, prompt_width=rollouts.prompt_width, metrics=metrics)

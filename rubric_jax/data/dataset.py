@@ -32,6 +32,7 @@ Conventions:
   correct/incorrect columns, the correct option's position after the shuffle.
 """
 
+import collections
 import dataclasses
 import functools
 import json
@@ -125,9 +126,9 @@ class DatasetConfig:
     and `name` (the dataset's configuration) are those of `datasets.load_dataset` and `load_from_disk` (a single
     file is one split). `answer_kind`: how `is_correct` checks a response: "math" (the last box against the gold
     by math-verify), "choice" (the option letter), "exact" (the last box, or else the last line, equal to the gold
-    up to case and white space), "none" (no gold: never correct). `rubric_encoding`: "items", a list of items
-    (`rubric_items` says how each reads), or "srar_tags", SRaR's text of tagged lines ("<SUGGEST> ...", the
-    authors' data; `parsing.parse_srar_rubric`). `excluded_options`: option texts left out (MMLU-Pro's "N/A"
+    up to case and white space), "none" (no gold: never correct, and no accuracy metric is logged).
+    `rubric_encoding`: "items", a list of items (`rubric_items` says how each reads), or "srar_tags", SRaR's text
+    of tagged lines ("<SUGGEST> ...", the authors' data; `parsing.parse_srar_rubric`). `excluded_options`: option texts left out (MMLU-Pro's "N/A"
     padding). `question_pattern`: a regular expression whose first group is the question inside the prompt text
     (the text column, or the last user message), for datasets that store their question wrapped in their own
     instruction (DAPO-Math-17k); the policy's prompt is then built from that question (with `prompt_template`).
@@ -525,6 +526,7 @@ class DatasetTask:
         self.config, self.seed = config, seed
         self.skipped: dict[str, int] = {}
         self.longest_rubric = 0  # the most items of any usable row's rubric (a recipe's max_items must hold it)
+        self._rows_naming: collections.Counter = collections.Counter()  # criterion name -> usable rows with it
         train = self._load(config.path, config.split)
         if config.eval_path is not None:
             held_out = self._load(config.eval_path, config.split, split_name="eval")
@@ -566,6 +568,7 @@ class DatasetTask:
                 continue
             usable.append(index)
             self.longest_rubric = max(self.longest_rubric, len(record.rubric.criteria))
+            self._rows_naming.update({c.name for c in record.rubric.criteria if c.name is not None})
         return np.asarray(usable, np.int64)
 
     def _record(self, part: _Part, index: int) -> Record:
@@ -587,8 +590,19 @@ class DatasetTask:
     def rubric(self, example: Record) -> Rubric:
         return example.rubric
 
+    @property
+    def recurring_criterion_names(self) -> frozenset:
+        """The criterion names of more than one usable row (train and held-out): metrics go by these names, and
+        by tag for the other criteria (`base.criterion_metric_keys`)."""
+        return frozenset(name for name, rows in self._rows_naming.items() if rows > 1)
+
     def reference(self, example: Record) -> Optional[str]:
         return next((x for x in (example.grounding, example.reference, example.answer) if x is not None), None)
+
+    @property
+    def has_outcome(self) -> bool:
+        """False for `answer_kind: none`: no answer to check, so no accuracy metric (`base.has_outcome`)."""
+        return self.config.answer_kind != "none"
 
     def is_correct(self, response: str, example: Record) -> bool:
         kind = self.config.answer_kind

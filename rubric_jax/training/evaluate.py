@@ -3,10 +3,12 @@
 For E examples and k = `samples_per_example` samples each (greedy when temperature is 0, then k = 1):
 - "eval/accuracy": avg@k, the mean over examples of the fraction of their k samples that are correct;
 - "eval/pass@k": the fraction of examples with at least one correct sample (k samples drawn, so the plain
-  estimate, not the unbiased estimator for n > k);
+  estimate, not the unbiased estimator for n > k); neither (nor "eval/tag/<tag>/accuracy") for a task without
+  outcome answers (`algorithms.base.has_outcome`: a dataset task with `answer_kind: none`);
 - "eval/rubric_score": the mean over samples of the weighted fraction of the rubric satisfied
   (`core.rewards.weighted_fraction` of `typed_item_credit`: a typed rubric's PITFALL item counts when avoided;
-  judge failures count 0), and "eval/rubric/<name>" per criterion;
+  judge failures count 0), and "eval/rubric/<name>" or "eval/rubric/tag/<tag>" per criterion
+  (`algorithms.base.criterion_metric_keys`);
 - "eval/points_score" (rubrics with signed points only, e.g. HealthBench): the HealthBench score, points of the
   met criteria, penalties included, over the positive points, its mean over samples clipped to [0, 1];
 - "eval/tag/<tag>/..." and "eval/item_tag/<tag>/points_score": per-tag breakdowns (`tag_metrics`) for
@@ -27,7 +29,7 @@ from typing import Any, Callable, Optional, Sequence
 import jax.numpy as jnp
 import numpy as np
 
-from rubric_jax.algorithms.base import rubric_metrics
+from rubric_jax.algorithms.base import has_outcome, rubric_metrics
 from rubric_jax.algorithms.registry import eval_metrics_fn
 from rubric_jax.core import rewards
 from rubric_jax.inference.engine import RolloutEngine, SamplingParams
@@ -88,17 +90,16 @@ def evaluate(
         jnp.asarray(verdicts.satisfied_bk), jnp.asarray(items.item_kind_bk), jnp.asarray(verdicts.failed_b))
     scores = np.asarray(rewards.weighted_fraction(
         credit_bk, jnp.asarray(items.item_weight_bk), jnp.asarray(items.item_mask_bk)))
-    metrics = {
-        "eval/accuracy": float(correct.mean()),
-        f"eval/pass@{k}": float(correct.any(axis=1).mean()),
-        "eval/rubric_score": float(scores.mean()),
-        "eval/response_length": float(np.mean(lengths)),
-    }
+    outcome = has_outcome(task)
+    metrics = {"eval/accuracy": float(correct.mean()), f"eval/pass@{k}": float(correct.any(axis=1).mean())} \
+        if outcome else {}
+    metrics.update({"eval/rubric_score": float(scores.mean()), "eval/response_length": float(np.mean(lengths))})
     signed = bool((items.item_mask_bk & (items.item_weight_bk < 0)).any())
     if signed:
         metrics["eval/points_score"] = clipped_mean(points_scores(verdicts, items, items.item_mask_bk))
-    metrics.update(tag_metrics(owners, correct.reshape(-1), scores, verdicts, items, rubrics, signed))
-    metrics.update({f"eval/{name}": value for name, value in rubric_metrics(verdicts, rubrics).items()})
+    metrics.update(tag_metrics(owners, correct.reshape(-1) if outcome else None, scores, verdicts, items, rubrics,
+                               signed))
+    metrics.update({f"eval/{name}": value for name, value in rubric_metrics(verdicts, rubrics, task).items()})
     for recipe in dict.fromkeys((*recipes, *getattr(task, "eval_recipes", ()))):
         analysis = eval_metrics_fn(recipe)
         if analysis is not None:
@@ -124,12 +125,12 @@ def clipped_mean(values: np.ndarray) -> float:
     return float(np.clip(values.mean(), 0.0, 1.0)) if values.size else math.nan
 
 
-def tag_metrics(owners: Sequence[Any], correct_s: np.ndarray, rubric_scores_s: np.ndarray, verdicts: Verdicts,
-                items: RubricArrays, rubrics: Sequence[Any], signed: bool) -> dict[str, float]:
+def tag_metrics(owners: Sequence[Any], correct_s: Optional[np.ndarray], rubric_scores_s: np.ndarray,
+                verdicts: Verdicts, items: RubricArrays, rubrics: Sequence[Any], signed: bool) -> dict[str, float]:
     """Per-tag breakdowns, for tasks whose examples or criteria carry tags (a dataset task's `tags` column,
     HealthBench's "theme:..." and "axis:..."):
-    - "eval/tag/<tag>/accuracy", ".../rubric_score" (and ".../points_score" for signed rubrics): the samples of
-      the examples with that tag;
+    - "eval/tag/<tag>/accuracy" (unless `correct_s` is None: a task without outcome answers), ".../rubric_score"
+      (and ".../points_score" for signed rubrics): the samples of the examples with that tag;
     - "eval/item_tag/<tag>/points_score": each sample scored on only the criteria with that tag (HealthBench's
       rubric-level tags), over the samples whose tagged criteria have positive points, mean clipped to [0, 1]."""
     metrics: dict[str, float] = {}
@@ -137,7 +138,8 @@ def tag_metrics(owners: Sequence[Any], correct_s: np.ndarray, rubric_scores_s: n
     points = points_scores(verdicts, items, items.item_mask_bk) if signed else None
     for tag in sorted({t for tags in example_tags for t in tags}):
         rows = np.array([tag in tags for tags in example_tags])
-        metrics[f"eval/tag/{tag}/accuracy"] = float(correct_s[rows].mean())
+        if correct_s is not None:
+            metrics[f"eval/tag/{tag}/accuracy"] = float(correct_s[rows].mean())
         metrics[f"eval/tag/{tag}/rubric_score"] = float(rubric_scores_s[rows].mean())
         if points is not None:
             metrics[f"eval/tag/{tag}/points_score"] = clipped_mean(points[rows])

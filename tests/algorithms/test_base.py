@@ -3,8 +3,11 @@ rows of batches with different prompt and response widths; the trainer's row pad
 `sample_groups` (verl's truncation modes by hand and as properties, what the engine and the learner receive, the
 counts in the metrics)."""
 
+import collections
 import dataclasses
+import json
 import math
+import types
 
 import jax.numpy as jnp
 import numpy as np
@@ -13,12 +16,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rubric_jax.algorithms.base import (
-    RolloutContext, concat_batches, padded_prompt_width, sample_groups, summary_stats, truncate_prompt)
+    RolloutContext, Rollouts, concat_batches, criterion_metric_keys, criterion_metrics, has_outcome,
+    padded_prompt_width, rollout_metrics, rubric_metrics, sample_groups, summary_stats, truncate_prompt)
 from rubric_jax.data.tasks import build_task
 from rubric_jax.inference.engine import RolloutEngine, Sample, SamplingParams, prompt_token_ids
+from rubric_jax.judges.base import RolloutVerdict, Verdicts
 from rubric_jax.models.train_step import pack_sequences
+from rubric_jax.rubrics.schema import Criterion, Rubric
 from rubric_jax.training.data_parallel import pad_rows
 from rubric_jax.training.metrics import PhaseTimer
+from tests.data.dataset_fixtures import fixture_path
 
 
 def numpy_stats(name: str, selected: np.ndarray) -> dict:
@@ -179,3 +186,79 @@ def test_sample_groups_truncates_prompts_over_the_cap_and_counts_them():
     assert uncapped.prompt_metrics == {"prompt/truncated": 0, "prompt/length_max": len(long_ids)}
     with pytest.raises(ValueError, match="exceeds max_prompt_tokens"):
         sample_groups([long], dataclasses.replace(context, prompt_truncation="error"), step=0)
+
+
+# ---------------------------------------------------------------- per-criterion metric keys, outcome metrics
+
+
+def _verdicts(*rows):
+    return Verdicts.from_rollouts([RolloutVerdict(satisfied=row) for row in rows], max(map(len, rows)))
+
+
+def test_unnamed_criteria_of_different_rubrics_are_reported_by_tag_never_by_position():
+    first = Rubric((Criterion("calls for help", 10, tags=("axis:accuracy",)),
+                    Criterion("is concise", 5, tags=("axis:communication",))))
+    second = Rubric((Criterion("asks the age", 5, tags=("axis:completeness",)),
+                     Criterion("no dosage", -5, tags=("axis:accuracy",))))
+    metrics = criterion_metrics(_verdicts((1.0, 0.0), (1.0, 0.5)), [first, second])
+    # axis:accuracy: first's item 0 (1) and second's item 1 (0.5); the others one criterion each
+    assert metrics == {"rubric/tag/axis:accuracy": 0.75, "rubric/tag/axis:communication": 0.0,
+                       "rubric/tag/axis:completeness": 1.0}
+    untagged = Rubric((Criterion("x"), Criterion("y", tags=("a", "b"))))
+    assert criterion_metrics(_verdicts((1.0, 0.0), (0.0, 1.0)), [untagged, untagged]) == {
+        "rubric/untagged": 0.5, "rubric/tag/a": 0.5, "rubric/tag/b": 0.5}
+
+
+def test_recurring_names_are_keys_and_the_others_go_by_tag():
+    rows = [Rubric((Criterion("a", name="shared", tags=("t",)), Criterion("b", name="only_here", tags=("t",)))),
+            Rubric((Criterion("c", name="shared"),))]
+    verdicts = _verdicts((1.0, 0.0), (0.0,))
+    task = types.SimpleNamespace(recurring_criterion_names=frozenset({"shared"}))
+    assert criterion_metrics(verdicts, rows, task) == {"rubric/shared": 0.5, "rubric/tag/t": 0.0}
+    # a task that does not say: every name recurs (the built-in tasks' shared names)
+    assert criterion_metrics(verdicts, rows) == {"rubric/shared": 0.5, "rubric/only_here": 0.0}
+    assert criterion_metric_keys(Criterion("d", name="n", tags=("t",)), frozenset()) == ("rubric/tag/t",)
+
+
+def test_rubric_metrics_keeps_its_judge_lines_beside_the_criterion_keys():
+    verdicts = Verdicts.from_rollouts([RolloutVerdict(satisfied=(1.0,)), RolloutVerdict.failure("parse")], 1)
+    rubric = Rubric((Criterion("a", name="n"),))
+    metrics = rubric_metrics(verdicts, [rubric, rubric])
+    assert metrics["rubric/n"] == 0.5 and metrics["judge/failure_rate"] == 0.5
+    assert metrics["judge/failed/parse"] == 1.0
+
+
+def test_the_arithmetic_task_keeps_its_named_keys():
+    task = build_task("arithmetic", {}, 0)
+    rubrics = [task.rubric(e) for e in task.eval_examples(2)]
+    verdicts = _verdicts(*[(1.0,) * len(r.criteria) for r in rubrics])
+    keys = set(criterion_metrics(verdicts, rubrics, task))
+    assert keys == {f"rubric/{c.name}" for r in rubrics for c in r.criteria}
+    assert all(not key.startswith(("rubric/tag/", "rubric/untagged")) for key in keys)
+
+
+def test_a_dataset_task_without_answers_says_so_and_knows_its_recurring_names(tmp_path):
+    healthbench = build_task("dataset", {"preset": "healthbench", "path": str(fixture_path("healthbench"))}, 0)
+    assert not has_outcome(healthbench) and has_outcome(build_task("arithmetic", {}, 0))
+    assert has_outcome(object())  # a task that does not say has answers
+    # "Safety" in rows 0 and 2 (one of them held out), "Once" and "Twice in one row" in one row each
+    def item(title, text):
+        return {"title": title, "description": text, "weight": 1}
+
+    rows = [[item("Safety", "a"), item("Once", "b")], [item("Twice in one row", "c"), item("Twice in one row", "d")],
+            [item("Safety", "e")]]
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps({"question": f"q{i}", "reference_answer": "r", "rubric": rubric}) + "\n"
+                            for i, rubric in enumerate(rows)))
+    task = build_task("dataset", {"preset": "rar", "path": str(path), "eval_size": 1}, 0)
+    assert task.recurring_criterion_names == {"Safety"}
+
+
+def test_rollout_metrics_leave_out_accuracy_for_a_task_without_outcome_answers():
+    samples = [Sample(prompt_index=0, output_ids=(1, 2), logprobs=(0.0, 0.0), finish_reason="stop",
+                      matched_stop=None, weight_version="v")]
+    rollouts = Rollouts(samples, ["ab"], {}, 0)
+    with_outcome = rollout_metrics(rollouts, np.array([True]), types.SimpleNamespace())
+    assert with_outcome["outcome/accuracy"] == 1.0
+    without = rollout_metrics(rollouts, np.array([False]), types.SimpleNamespace(has_outcome=False))
+    assert without.keys() == with_outcome.keys() - {"outcome/accuracy"}

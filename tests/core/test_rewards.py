@@ -65,6 +65,18 @@ def test_positive_points_healthbench_evorubric_hand_computed():
     np.testing.assert_allclose(positive_points_score(satisfied, points, mask), [1 / 8, -0.5, 0.5], rtol=1e-6)
 
 
+def test_positive_points_healthbench_penalty_cases_hand_computed():
+    # criteria +5, +3, -5 (HealthBench-style: the penalty as large as the main criterion); positive points 8.
+    points = np.array([5.0, 3.0, -5.0], np.float32)
+    mask = np.ones(3, bool)
+    satisfied = np.array([[1, 1, 0], [1, 1, 1], [1, 0, 1], [0, 0, 1], [0, 1, 0]], bool)
+    # all good, no penalty: 8/8; all good and the penalty: 3/8; +5 and the penalty: 0; only the penalty: -5/8
+    np.testing.assert_allclose(positive_points_score(satisfied, points, mask), [1.0, 3 / 8, 0.0, -5 / 8, 3 / 8],
+                               rtol=1e-6)
+    # the weighted fraction pays a met penalty nothing: 1, 1, 5/8, 0, 3/8
+    np.testing.assert_allclose(weighted_fraction(satisfied, points, mask), [1.0, 1.0, 5 / 8, 0.0, 3 / 8], rtol=1e-6)
+
+
 def test_positive_points_without_positive_points_is_zero():
     satisfied = np.array([[1, 1], [1, 0]], bool)
     points = np.array([[-2.0, -1.0], [3.0, 1.0]], np.float32)
@@ -215,6 +227,25 @@ def test_min_max_is_in_unit_interval_and_positive_points_at_most_one(satisfied, 
     out = np.asarray(min_max_score(satisfied, points, mask))
     assert np.all((out >= 0) & (out <= 1))
     assert np.all(np.asarray(positive_points_score(satisfied, points, mask)) <= 1 + 1e-6)
+
+
+@given(verdicts, nonneg_weights, masks)
+def test_positive_points_equals_the_weighted_fraction_on_non_negative_rubrics(satisfied, weights, mask):
+    """RaR's default score (positive points) changes nothing on a rubric without penalties: bit for bit."""
+    np.testing.assert_array_equal(positive_points_score(satisfied, weights, mask),
+                                  weighted_fraction(satisfied, weights, mask))
+
+
+@given(verdicts, signed_points, masks)
+def test_positive_points_is_the_weighted_fraction_less_the_met_penalties(satisfied, points, mask):
+    """Both share the denominator (the positive points): the signed score subtracts each met penalty's share."""
+    signed = np.asarray(positive_points_score(satisfied, points, mask), np.float64)
+    fraction = np.asarray(weighted_fraction(satisfied, points, mask), np.float64)
+    positive = np.where(mask, np.maximum(points, 0), 0).astype(np.float64).sum(axis=1)
+    penalties = np.where(mask, np.minimum(points, 0) * satisfied, 0).astype(np.float64).sum(axis=1)
+    expected = fraction + np.where(positive > 0, penalties / np.where(positive > 0, positive, 1), 0)
+    np.testing.assert_allclose(signed, expected, rtol=1e-5, atol=1e-5)
+    assert np.all(signed <= fraction + 1e-6) and np.all(signed <= 1 + 1e-6)
 
 
 @given(verdicts, nonneg_weights, masks, masks)

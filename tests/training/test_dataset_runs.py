@@ -133,23 +133,26 @@ class Twin:
     requests: Callable
     metrics: dict
     served: bool = False
+    absent: tuple = ()  # metrics the step must not log (outcome/accuracy where answer_kind is none)
 
 
 TWINS = [
-    # RaR's weighted fraction, a negative weight counting as 0: row 0 (weights 5, 3, -1) meets its 5 of 5 + 3,
-    # row 1 (weights 5, 1) its 5 of 5 + 1.
+    # RaR's score (positive points, the default): row 0 (weights 5, 3, -1) meets its 5, not its -1, of 5 + 3;
+    # row 1 (weights 5, 1) its 5 of 5 + 1. Each title is one row's: no name recurs, no tags: "rubric/untagged".
     Twin("rar", essential_rating, per_criterion,
-         {"reward/mean": (5 / 8 + 5 / 6) / 2, "rubric/Identify Most Sensitive Modality": 1,
-          "rubric/Explains Sensitivity": 0, "rubric/Pregnancy Exception": 0, "rubric/Blood Cultures": 1,
-          "rubric/CT First": 0}),
+         {"reward/mean": (5 / 8 + 5 / 6) / 2, "rubric/untagged": 2 / 5},
+         absent=("outcome/accuracy", "rubric/Blood Cultures", "rubric/item0")),
     # HealthBench's score (score: positive_points): row 0 meets +10 and -10 of its positive 10 + 5, (10 - 10) / 15
-    # (the weighted fraction would pay 10 / 15); row 1 meets +10 (-9 unmet), 10 / 10. Items unnamed: by position.
+    # (the weighted fraction would pay 10 / 15); row 1 meets +10 (-9 unmet), 10 / 10. Items unnamed: by tag,
+    # axis:accuracy = row 0's -10 (met), row 1's +10 (met) and -9 (not); level:example all but row 0's +5.
     Twin("healthbench", ten_point_grade, per_criterion,
-         {"reward/mean": (0 / 15 + 10 / 10) / 2, "rubric/item0": 1, "rubric/item1": 0.5, "rubric/item2": 0}),
-    # Row 0: weights 3, 2 -> (3 + 1) / 5; row 1: weights 2, 3 -> (2 + 1.5) / 5.
+         {"reward/mean": (0 / 15 + 10 / 10) / 2, "rubric/tag/axis:completeness": 1, "rubric/tag/axis:accuracy": 2 / 3,
+          "rubric/tag/axis:communication_quality": 0, "rubric/tag/level:example": 3 / 4},
+         absent=("outcome/accuracy", "rubric/item0")),
+    # Row 0: weights 3, 2 -> (3 + 1) / 5; row 1: weights 2, 3 -> (2 + 1.5) / 5. Names one row's each: untagged.
     Twin("rubric_grounded", first_criterion_in_full, per_rollout,
-         {"reward/mean": (4 / 5 + 3.5 / 5) / 2, "rubric/Trapping mechanism": 1, "rubric/Quantitative effect": 0.5,
-          "rubric/Efficiency gain": 1, "rubric/Lifetime cost": 0.5, "grounded/zero_reward_fraction": 0}),
+         {"reward/mean": (4 / 5 + 3.5 / 5) / 2, "rubric/untagged": (1 + 0.5 + 1 + 0.5) / 4,
+          "grounded/zero_reward_fraction": 0}, absent=("outcome/accuracy", "rubric/Trapping mechanism")),
     # Every SUGGEST met: R_SUG = 0.8 per rubric; the BONUS (row 0 only) R_BON = 1; no PITFALL fallen into.
     Twin("srar", pitfalls_avoided, per_rollout,
          {"srar/rate/suggest": 1, "srar/rate/answer": 1, "srar/rate/bonus": 1, "srar/rate/pitfall": 0,
@@ -192,6 +195,7 @@ def test_one_step_of_each_cpu_twin_judges_its_dataset_over_http(twin, tmp_path, 
     assert last["judge/requests"] == expected and last["judge/retries"] == 0
     assert last["judge/request_failures"] == 0 and last["judge/failure_rate"] == 0
     assert {key: last[key] for key in twin.metrics} == pytest.approx(twin.metrics)
+    assert not set(twin.absent) & set(last)
     assert math.isfinite(last["train/loss"])
     if twin.served:  # one /generate per role; the initial weights and the step's sent
         assert generate_requests == 2 and policy.updates == ["step-0", "step-1"]

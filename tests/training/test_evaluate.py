@@ -123,6 +123,19 @@ def test_healthbench_score_and_its_tags_by_hand():
     assert metrics["eval/item_tag/level:cluster/points_score"] == pytest.approx(0.0)
 
 
+def test_a_task_without_outcome_answers_logs_no_accuracy_and_its_criteria_by_tag():
+    metrics, _ = healthbench_metrics()  # preset healthbench: answer_kind none, unnamed criteria with tags
+    assert not any(key == "eval/accuracy" or key.endswith("/accuracy") or "pass@" in key for key in metrics)
+    assert not any(key.startswith("eval/rubric/item") for key in metrics)
+    # MET: row 0's +10 (axis:completeness) and -10 (axis:accuracy), not its +5 (axis:communication_quality);
+    # row 1's +10 and -9 (both axis:accuracy). Level tags: level:example on every item but the +5 (level:cluster)
+    assert metrics["eval/rubric/tag/axis:accuracy"] == 1.0 and metrics["eval/rubric/tag/axis:completeness"] == 1.0
+    assert metrics["eval/rubric/tag/axis:communication_quality"] == 0.0
+    assert metrics["eval/rubric/tag/level:example"] == 1.0 and metrics["eval/rubric/tag/level:cluster"] == 0.0
+    with_outcome = run_evaluate("arithmetic")
+    assert with_outcome["eval/accuracy"] == 0.5 and with_outcome["eval/pass@1"] == 0.5
+
+
 def test_points_scores_match_simple_evals_unit_case_and_the_mean_is_clipped():
     # simple-evals' calculate_score test: points [7, 5, 10, -6], met [T, F, T, T] -> (7 + 10 - 6) / 22
     verdicts = Verdicts.from_rollouts([RolloutVerdict(satisfied=(1, 0, 1, 1))], 4)
