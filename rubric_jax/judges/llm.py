@@ -304,11 +304,13 @@ def rlcer_verifier_format() -> RolloutFormat:
 
 def rating_format(show_reference: bool = False) -> CriterionFormat:
     """RGR-GRPO's judge (rgr_grpo.txt, eq 3): one call per criterion, `{"rating": 0|1}`: does the response satisfy
-    the criterion given the question. As in eq 3 the judge sees no reference answer (the rubric was written from
-    it); show_reference=True also shows the request's `reference`."""
+    the criterion given the question, and for a multi-turn prompt the conversation's earlier turns (the request's
+    `conversation`, each turn fenced, as `healthbench` shows it). As in eq 3 the judge sees no reference answer
+    (the rubric was written from it); show_reference=True also shows the request's `reference`."""
     return CriterionFormat(
-        messages=lambda r, k: prompts.criterion_judge_prompt(r.question, r.response, r.rubric.criteria[k],
-                                                             r.reference if show_reference else None),
+        messages=lambda r, k: prompts.criterion_judge_prompt(
+            r.question, r.response, r.rubric.criteria[k], r.reference if show_reference else None,
+            earlier_turns=prompts.turns_before_question(r.conversation)),
         schema=parsing.rating_schema,
         parse=parsing.parse_rating,
     )

@@ -64,6 +64,7 @@ FENCE_TAGS = frozenset(
         "document",
         "document_analysis",
         "passage",
+        "turn",
     }
 )
 _TAG_NAMES = "|".join(sorted(FENCE_TAGS, key=len, reverse=True))
@@ -560,12 +561,26 @@ def privileged_grounding_judge_prompt(
 _RGR_KIND_NAMES = {ItemKind.FACTUAL: "Factual", ItemKind.PROCESS: "Process"}
 
 
+def turns_before_question(conversation: Optional[Sequence[Mapping[str, str]]]) -> tuple[Mapping[str, str], ...]:
+    """The turns of a policy prompt before its last user message (the question), system messages left out as
+    HealthBench's grader leaves them: () for a single-turn prompt or no conversation."""
+    turns = tuple(conversation or ())
+    last_user = max((i for i, m in enumerate(turns) if m.get("role") == "user"), default=0)
+    return tuple(m for m in turns[:last_user] if m.get("role") != "system")
+
+
 def criterion_judge_prompt(
-    question: str, response: str, criterion: Criterion, reference: Optional[str] = None
+    question: str, response: str, criterion: Criterion, reference: Optional[str] = None,
+    earlier_turns: Sequence[Mapping[str, str]] = (),
 ) -> Messages:
     """RGR-GRPO's per-criterion judge (rgr_grpo.txt, eq 3; Appendix E.1 is a figure): one call per criterion,
     binary s_k = 1 iff the response satisfies d_k given the question; output {"rating": 0|1}
-    (`parsing.parse_rating`). Text ours. `reference` (e.g. a reference answer) is shown when given."""
+    (`parsing.parse_rating`). Text ours. `reference` (e.g. a reference answer) is shown when given.
+
+    `earlier_turns`: a multi-turn prompt's turns before the question (`turns_before_question`), shown first as
+    "Conversation so far", each turn its role ("user", "assistant", anything else "message") and its content in
+    its own <turn_i> fence; the question is the conversation's last user turn. With none (a single-turn prompt)
+    the prompt is the one-question prompt of eq 3."""
     if not isinstance(criterion, Criterion):
         raise ValueError(f"criterion must be a Criterion, got {type(criterion).__name__}")
     kind = _RGR_KIND_NAMES.get(criterion.kind)
@@ -573,10 +588,16 @@ def criterion_judge_prompt(
     reference_block = (
         "" if reference is None else f"Reference Answer:\n{fence(_check_str(reference, 'reference'), 'reference')}\n"
     )
+    turns = "".join(
+        f"{m.get('role') if m.get('role') in ('user', 'assistant') else 'message'}:\n"
+        f"{fence(_check_str(m.get('content'), 'earlier_turns content'), f'turn_{i + 1}')}\n"
+        for i, m in enumerate(earlier_turns))
+    given = "the conversation and its last question" if turns else "the question"
     return _user(
-        "You are a strict and impartial judge. Decide whether the response satisfies the evaluation criterion, "
-        "given the question.\n"
-        f"Question:\n{fence(_check_str(question, 'question'), 'question')}\n"
+        f"You are a strict and impartial judge. Decide whether the response satisfies the evaluation criterion, "
+        f"given {given}.\n"
+        + (f"Conversation so far:\n{turns}" if turns else "")
+        + f"Question:\n{fence(_check_str(question, 'question'), 'question')}\n"
         f"{reference_block}"
         f"Response:\n{fence(_check_str(response, 'response'), 'response')}\n"
         f"{label}:\n{fence(criterion.text, 'criterion')}\n"
