@@ -9,7 +9,7 @@ from pathlib import Path
 
 from rubric_jax import cli
 from rubric_jax.data.synthesis import SynthesisConfig, plan_synthesis
-from rubric_jax.training.run_config import RLConfig
+from rubric_jax.training.run_config import RLConfig, resolve_algorithm
 from rubric_jax.yaml_config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,6 +37,11 @@ def test_the_own_data_example_validates(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "data: 2 training rows, 1 held out, none skipped; longest rubric 2 items" in out
     assert "My knee hurts after running." in out and "[user]\n" in out  # the policy's and the judge's prompts
+    # its -5 criterion is counted by the reward it trains with (2 training rows, one penalty each)
+    assert ("rubrics: 2 criteria with a negative weight: counted: a met one subtracts its points from the reward "
+            "(score: positive_points)") in out.splitlines()
+    algorithm_config, _ = resolve_algorithm(load_config(RLConfig, config))
+    assert algorithm_config.score == "positive_points"
     assert "rubric-jax validate configs/my_data.yaml && rubric-jax train configs/my_data.yaml" in blocks["bash"][0]
 
 
