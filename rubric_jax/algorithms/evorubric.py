@@ -76,7 +76,7 @@ Metrics: "reward/*", "advantage/*" the reasoner's (its valid rows), "reasoner/ba
 is defined: R^_m and some peer's R^ non-empty), "evorubric/archived" (criteria added to the pool this step),
 "evorubric/pool_size" and "evorubric/pool_questions" (the whole pool); with base_rubric generated,
 "evorubric/base_rubrics_written" (this step), "evorubric/base_rubric_questions" (in all) and
-"evorubric/base_rubric_failed/<reason>" (parse failures this step); "rubric/<name>" and "judge/*" over every
+"evorubric/base_rubric_failed/<reason>" (parse failures this step); "rubric/..." and "judge/*" over every
 graded criterion; "response/*" and "outcome/accuracy" of the reasoner. A fraction of nothing is left out.
 """
 

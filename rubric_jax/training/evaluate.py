@@ -91,8 +91,9 @@ def evaluate(
     scores = np.asarray(rewards.weighted_fraction(
         credit_bk, jnp.asarray(items.item_weight_bk), jnp.asarray(items.item_mask_bk)))
     outcome = has_outcome(task)
-    metrics = {"eval/accuracy": float(correct.mean()), f"eval/pass@{k}": float(correct.any(axis=1).mean())} \
-        if outcome else {}
+    metrics = {}
+    if outcome:
+        metrics.update({"eval/accuracy": float(correct.mean()), f"eval/pass@{k}": float(correct.any(axis=1).mean())})
     metrics.update({"eval/rubric_score": float(scores.mean()), "eval/response_length": float(np.mean(lengths))})
     signed = bool((items.item_mask_bk & (items.item_weight_bk < 0)).any())
     if signed:
