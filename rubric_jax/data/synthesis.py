@@ -52,6 +52,7 @@ import os
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Literal, Mapping, Optional, Sequence
 
+from rubric_jax import strict_json
 from rubric_jax.data import tasks
 from rubric_jax.data.dataset import Record
 from rubric_jax.inference.http import RequestFailed
@@ -724,7 +725,7 @@ def markdown_summary(summary: Mapping[str, Any]) -> str:
 def write_summary(out: Path, summary: Mapping[str, Any], samples: Mapping[str, Sequence[float]], plots: bool
                   ) -> None:
     """summary.json, summary.md and, with `plots`, the histograms of `samples` under plots/."""
-    (out / SUMMARY_JSON).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    (out / SUMMARY_JSON).write_text(strict_json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     (out / SUMMARY_MD).write_text(markdown_summary(summary), encoding="utf-8")
     if plots:
         plot_histograms(samples, out / "plots")
