@@ -275,6 +275,13 @@ def test_the_command_that_wrote_no_record_exits_1_with_the_reasons(tmp_path, cap
     assert "train on it" not in err and "train.jsonl" not in err
     assert json.loads(out)["records"] == {"train": 0, "validation": 0, "test": 0}
 
+    with StandinServer(responder=QuestionGenerator({})) as server:  # valid rubrics: records, and the suggestion
+        status = main(["synthesize", str(REPO / "configs" / "synthesize_rar.yaml"), f"output_dir={tmp_path / 'ok'}",
+                       f"generator.url={server.base_url}", f"input.path={RAR}", "--no-progress"])
+    out, err = capsys.readouterr()
+    assert status == 0 and json.loads(out)["records"]["train"] == 2  # both rows hash to the train split
+    assert err.endswith(f"train on it with task.params {{preset: rar, path: {tmp_path / 'ok'}/train.jsonl}}\n")
+
 
 def test_inputs_without_the_columns_a_pipeline_reads_are_refused_before_any_request(tmp_path):
     with pytest.raises(ValueError, match="gold answer"):
