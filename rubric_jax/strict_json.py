@@ -3,9 +3,9 @@ tokens that strict readers (JavaScript's JSON.parse, jq, most other languages) r
 
 Every JSON file and line the project writes (metrics, reports, summaries, records) goes through `json_ready`: a
 float that is not finite becomes null, a tuple a list; containers are converted recursively, anything else is
-left for `json` to write or refuse. `dumps` is `json.dumps` of that with `allow_nan=False`, so a non-finite value
-that slips past (a NumPy float32, which is not a Python float) is an error, never bare NaN in a file. This module
-imports nothing from the project, so every layer may use it (DESIGN.md's import rule).
+left for `json` to write or refuse (a NumPy float32 is no Python float: convert it first). `dumps` is
+`json.dumps` of that with `allow_nan=False`. This module imports nothing from the project, so every layer but
+`core` may use it (DESIGN.md's import rule, tests/test_layering.py).
 """
 
 import json

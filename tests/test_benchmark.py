@@ -3,6 +3,8 @@ judge, so that the expected scores are known) gives avg@k for the presets with a
 rubric score for those with a rubric, each checked against a plain loop over the fixture's rubrics; and validate
 passes on a run config over each preset."""
 
+import json
+import math
 from pathlib import Path
 
 import pytest
@@ -106,3 +108,18 @@ def test_samples_markdown_fences_model_text_so_it_cannot_close_its_fence():
         "- [x] (2) states the sum", "- [ ] (-1) is brief", "- [0.50] (1) half", "- [?] (1) is polite"]
     assert "rubric score: 0.500\n" in markdown and "rubric score: -; judge failure: unparsable\n" in markdown
     assert markdown.count(f"\n{fence}\n") == 2 and markdown.startswith("## Samples\n\n### eval/0\n")
+
+
+def test_the_report_writes_undefined_values_as_null_and_n_a(tmp_path):
+    """HealthBench's points score is NaN where no sample has positive points (`evaluate.clipped_mean`): strict
+    JSON null in the report, "n/a" in its markdown."""
+    metrics = {"eval/accuracy": 0.5, "eval/points_score": math.nan, "eval/tag/t/points_score": math.inf}
+    markdown = benchmark.write_report(metrics, str(tmp_path / "eval.json"), "title")
+
+    def refuse(constant):
+        raise ValueError(f"not JSON: {constant}")
+
+    assert json.loads((tmp_path / "eval.json").read_text(), parse_constant=refuse) == {
+        "eval/accuracy": 0.5, "eval/points_score": None, "eval/tag/t/points_score": None}
+    text = markdown.read_text()
+    assert "| eval/points_score | n/a |" in text and "| t | n/a |" in text and "| eval/accuracy | 0.5000 |" in text
