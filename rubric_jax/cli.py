@@ -150,7 +150,11 @@ def build_parser() -> argparse.ArgumentParser:
                                                  "task's held-out set, or on a dataset (--dataset: a preset over "
                                                  "--data-path, every row, or a run config's task, judge and held-out "
                                                  "rows), and prints the metrics as JSON; --output also writes them "
-                                                 "as JSON and as a markdown table beside it (.md).")
+                                                 "as JSON and as a markdown table beside it (.md). An LLM judge's "
+                                                 "server must answer before sampling starts (else exit 2); when more "
+                                                 "than judge.max_failure_rate of the verdicts failed, the report says "
+                                                 "the judge failed, gives no score from its verdicts, and the "
+                                                 "command exits 1.")
     evaluate.add_argument("model", help="a local Hugging Face model directory with its tokenizer")
     evaluate.add_argument("--task", default="arithmetic", help="a task of rubric_jax.data.tasks (default: arithmetic)")
     evaluate.add_argument("--task-seed", type=int, default=0)
