@@ -14,13 +14,13 @@ the run's own eval settings); any other key is the mean of its training values o
 
 import argparse
 import dataclasses
-import json
 import math
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
+from rubric_jax import strict_json
 from rubric_jax.quickstart import evaluate_directory
 from rubric_jax.training.metrics import read_metrics
 from rubric_jax.training.rl import train_rl
@@ -227,9 +227,7 @@ def run_comparison(
     table = f"# {title}\n\nSeeds {args.seeds}; eval/* on held-out problems after training, other columns the mean " \
             f"of the last fifth of training steps.\n\n" + "\n".join(rows) + "\n"
     (out / "table.md").write_text(table)
-    (out / "results.json").write_text(json.dumps(
-        {name: {k: [None if math.isnan(v) else v for v in vs] for k, vs in row.items()}
-         for name, row in results.items()}, indent=2))
+    (out / "results.json").write_text(strict_json.dumps(results, indent=2))
     _plot(out, curves, curve_keys, title)
     print(table, flush=True)
     return results

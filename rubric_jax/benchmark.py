@@ -8,19 +8,24 @@ a run config checked against its dataset, its first prompts rendered, without tr
   CPU and small models) or by an SGLang server already serving it (`sglang_url`; the directory then gives only
   the tokenizer).
 - `evaluate_model`: `training.evaluate.evaluate` in chunks, a tqdm bar on stderr.
+- `judge_failure(metrics, judge)`: training's failure budget (`JudgeConfig.max_failure_rate`) applied to the
+  evaluation as a whole; `failed_judge_report` the report of an evaluation whose judge failed: what depends on
+  its verdicts is null, "judge_failure" says why (`rubric-jax eval` then exits 1).
 - `markdown_report(metrics, title)`: the metrics as markdown tables: the overall ones, then the per-tag and
-  per-criterion-tag breakdowns (HealthBench's themes and axes).
+  per-criterion-tag breakdowns (HealthBench's themes and axes); a value that is null or not finite reads "n/a".
 - `validation_report(config, task, tokenizer, rows)`: what `rubric-jax validate` prints: rows used and skipped,
   the rubrics' negative-weight criteria and what the configured reward does with them, each role's longest prompt (the recipe's `role_prompts`: SRaR's step format, RLCER's rubricator, ...), the
   first rows' prompts as each role and the judge receive them.
 """
 
 import collections
+import math
 import re
 import sys
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence
 
+from rubric_jax import strict_json
 from rubric_jax.algorithms.registry import algorithm_class
 from rubric_jax.data import presets
 from rubric_jax.inference.engine import RolloutEngine
@@ -30,10 +35,14 @@ from rubric_jax.quickstart import embedded_engine_from
 from rubric_jax.training import policy
 from rubric_jax.training.evaluate import evaluate
 from rubric_jax.training.rl import check_rubric_width, make_judge
-from rubric_jax.training.run_config import EvalConfig, RLConfig, resolve_algorithm
+from rubric_jax.training.run_config import EvalConfig, JudgeConfig, RLConfig, resolve_algorithm
 
 DEFAULT_CHUNK = 32
 PLACEHOLDER_RESPONSE = "(the policy's response)"
+# What an evaluation measures without its judge's verdicts (outcomes, lengths, the judge's own failure counts):
+# kept when the judge failed, every other metric is null then.
+_JUDGE_FREE = re.compile(r"eval/(accuracy|pass@\d+|response_length|tag/.+/accuracy|judge/.+)")
+JUDGE_FAILURE_KEY = "judge_failure"
 
 
 def dataset_params(preset: str, path: str, split: str = "train") -> dict[str, Any]:
@@ -70,19 +79,48 @@ def evaluate_model(engine: RolloutEngine, tokenizer: Any, task: Any, judge: Judg
                         recipes=recipes, chunk_examples=chunk_examples, progress=bar.update, on_judged=on_judged)
 
 
+def judge_failure(metrics: Mapping[str, float], judge: JudgeConfig) -> Optional[str]:
+    """One line naming the rate and the failures by reason when the evaluation's "eval/judge/failure_rate"
+    (failed samples over every sample evaluated) exceeds `judge.max_failure_rate`, training's budget; else None.
+    The budget applies to the whole evaluation, not per chunk: an evaluation is one measurement, averaged over all
+    its samples, so `judge.max_failing_steps` (consecutive training steps) has no counterpart here."""
+    rate, limit = metrics["eval/judge/failure_rate"], judge.max_failure_rate
+    if rate <= limit:
+        return None
+    reasons = [f"{key.removeprefix('eval/judge/failed/')} {int(count)}" for key, count in sorted(metrics.items())
+               if key.startswith("eval/judge/failed/")]
+    where = f" at {judge.url}" if judge.kind == "llm" else ""
+    return (f"the judge{where} failed on {rate:.0%} of the samples" + (f" ({', '.join(reasons)})" if reasons else "")
+            + f", above judge.max_failure_rate ({limit:g}): its scores are failures, not judgements, and are not "
+            "reported")
+
+
+def failed_judge_report(metrics: Mapping[str, float], failure: str) -> dict[str, Any]:
+    """The report of an evaluation whose judge failed (`judge_failure`'s line `failure`): every metric computed
+    from the judge's verdicts null (a rubric score of failures is no result), the others kept (accuracy, lengths,
+    "eval/judge/..."), and the line under JUDGE_FAILURE_KEY."""
+    kept = {key: value if _JUDGE_FREE.fullmatch(key) else None for key, value in metrics.items()}
+    return {JUDGE_FAILURE_KEY: failure, **kept}
+
+
 def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
     def cell(value: Any) -> str:
+        if value is None or isinstance(value, float) and not math.isfinite(value):
+            return "n/a"
         return f"{value:.4f}" if isinstance(value, float) else str(value).replace("|", "\\|")
 
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     return lines + ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
 
 
-def markdown_report(metrics: Mapping[str, float], title: str) -> str:
-    """The metrics as markdown (module docstring): "eval/tag/<tag>/<name>" and "eval/item_tag/<tag>/<name>"
-    keys in their own tables, one row per tag."""
+def markdown_report(metrics: Mapping[str, Any], title: str) -> str:
+    """The metrics as markdown (module docstring): a judge failure (`failed_judge_report`) first, then
+    "eval/tag/<tag>/<name>" and "eval/item_tag/<tag>/<name>" keys in their own tables, one row per tag."""
     overall, by_tag, by_item_tag = [], collections.defaultdict(dict), collections.defaultdict(dict)
+    failure = metrics.get(JUDGE_FAILURE_KEY)
     for key, value in metrics.items():
+        if key == JUDGE_FAILURE_KEY:
+            continue
         for prefix, table in (("eval/tag/", by_tag), ("eval/item_tag/", by_item_tag)):
             if key.startswith(prefix):
                 tag, _, name = key[len(prefix):].rpartition("/")
@@ -90,7 +128,10 @@ def markdown_report(metrics: Mapping[str, float], title: str) -> str:
                 break
         else:
             overall.append((key, value))
-    lines = [f"# {title}", "", *_table(("metric", "value"), overall)]
+    lines = [f"# {title}", ""]
+    if failure is not None:
+        lines += [f"**The judge failed**: {failure}.", ""]
+    lines += _table(("metric", "value"), overall)
     for heading, table in (("By example tag", by_tag), ("By criterion tag", by_item_tag)):
         if table:
             names = sorted({name for values in table.values() for name in values})
@@ -227,14 +268,12 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())
 
 
-def write_report(metrics: Mapping[str, float], json_path: str, title: str,
+def write_report(metrics: Mapping[str, Any], json_path: str, title: str,
                  samples: Sequence[Mapping[str, Any]] = ()) -> Path:
-    """Writes the metrics as JSON at `json_path` and as markdown beside it (same name, .md; `samples` after the
-    metrics, as `samples_markdown` writes them); the markdown path."""
-    import json  # noqa: PLC0415
-
+    """Writes the metrics as JSON at `json_path` (strict: NaN and infinities as null) and as markdown beside it
+    (same name, .md; `samples` after the metrics, as `samples_markdown` writes them); the markdown path."""
     path = Path(json_path)
-    path.write_text(json.dumps(dict(metrics), indent=2) + "\n", encoding="utf-8")
+    path.write_text(strict_json.dumps(dict(metrics), indent=2) + "\n", encoding="utf-8")
     markdown = path.with_suffix(".md")
     text = markdown_report(metrics, title)
     if samples:

@@ -21,6 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import NoReturn, Optional, Sequence
 
+from rubric_jax import strict_json
 from rubric_jax.training.run_config import (
     EvalConfig, JudgeConfig, QuickstartConfig, RLConfig, SFTConfig, resolve_algorithm)
 from rubric_jax.yaml_config import apply_overrides, config_from_dict, load_config
@@ -149,7 +150,11 @@ def build_parser() -> argparse.ArgumentParser:
                                                  "task's held-out set, or on a dataset (--dataset: a preset over "
                                                  "--data-path, every row, or a run config's task, judge and held-out "
                                                  "rows), and prints the metrics as JSON; --output also writes them "
-                                                 "as JSON and as a markdown table beside it (.md).")
+                                                 "as JSON and as a markdown table beside it (.md). An LLM judge's "
+                                                 "server must answer before sampling starts (else exit 2); when more "
+                                                 "than judge.max_failure_rate of the verdicts failed, the report says "
+                                                 "the judge failed, gives no score from its verdicts, and the "
+                                                 "command exits 1.")
     evaluate.add_argument("model", help="a local Hugging Face model directory with its tokenizer")
     evaluate.add_argument("--task", default="arithmetic", help="a task of rubric_jax.data.tasks (default: arithmetic)")
     evaluate.add_argument("--task-seed", type=int, default=0)
@@ -403,9 +408,14 @@ def _command(args) -> int:
         samples = samples_of(shown.records, shown.count)
         if samples:
             print(benchmark.samples_markdown(samples), file=sys.stderr)
-        print(json.dumps(metrics, indent=2))
+        failure = benchmark.judge_failure(metrics, config.judge)
+        report = metrics if failure is None else benchmark.failed_judge_report(metrics, failure)
+        print(strict_json.dumps(report, indent=2))
         if args.output:
-            benchmark.write_report(metrics, args.output, f"{args.model} on {args.dataset or args.task}", samples)
+            benchmark.write_report(report, args.output, f"{args.model} on {args.dataset or args.task}", samples)
+        if failure is not None:
+            print(f"rubric-jax eval: {failure}", file=sys.stderr)
+            return 1
     return 0
 
 
@@ -417,28 +427,51 @@ def _checked_task(args, config):
 
 
 def _synthesize(plan, *, progress: bool) -> int:
-    """Runs a checked `rubric-jax synthesize` plan and prints the corpus counts."""
+    """Runs a checked `rubric-jax synthesize` plan and prints the corpus counts; status 1, with one line giving
+    the reasons (discards, failed stages, sources left after failed requests), when the corpus holds no record.
+    Training on the output is suggested only when its train split holds records."""
     from rubric_jax.data import synthesis  # noqa: PLC0415
 
     summary = synthesis.run_synthesis(plan, progress=progress)
-    print(json.dumps({key: summary[key] for key in ("sources", "records", "discards")}, indent=2))
+    print(strict_json.dumps({key: summary[key] for key in ("sources", "records", "discards")}, indent=2))
     out = plan.config.output_dir
-    print(f"rubric-jax synthesize: wrote {out} (summary.md); train on it with task.params {{preset: "
-          f"{summary['preset']}, path: {out}/train.jsonl}}", file=sys.stderr)
+    if not sum(summary["records"].values()):
+        reasons = [f"{title} " + ", ".join(f"{reason} {count}" for reason, count in summary[key].items())
+                   for title, key in (("discarded:", "discards"), ("failed stage calls:", "stage_failures"))
+                   if summary[key]]
+        left = summary["this_run"]["request_failed"]
+        reasons += [f"{left} sources left for the next run after failed requests"] if left else []
+        print(f"rubric-jax synthesize: wrote no record to {out} from {summary['sources']['input']} sources ("
+              + ("; ".join(reasons) or "no source produced one") + "): see its summary.md", file=sys.stderr)
+        return 1
+    suggestion = (f"; train on it with task.params {{preset: {summary['preset']}, path: {out}/train.jsonl}}"
+                  if summary["records"].get("train") else "")
+    print(f"rubric-jax synthesize: wrote {out} (summary.md){suggestion}", file=sys.stderr)
     return 0
 
 
 def _eval_judge(config: JudgeConfig, task, args):
-    """The judge of `rubric-jax eval`, and its recipes checked; ValueError naming the flags to set."""
+    """The judge of `rubric-jax eval`, and its recipes checked; ValueError naming the flags to set, or the judge's
+    URL when its server does not answer or refuses the credentials (`training.rl.probe_chat_server`)."""
     from rubric_jax.algorithms.registry import eval_metrics_fn  # noqa: PLC0415
     from rubric_jax.training.rl import make_judge  # noqa: PLC0415
+
+    from rubric_jax.training.rl import probe_chat_server  # noqa: PLC0415
+    from rubric_jax.training.runs import RunStopped  # noqa: PLC0415
 
     for recipe in args.recipe:
         eval_metrics_fn(recipe)
     try:
-        return make_judge(config, task, args.seed)
+        judge = make_judge(config, task, args.seed)
     except ValueError as error:
         raise ValueError(f"{error} (on the command line: --judge-url, --judge-model, --judge-format)") from None
+    if config.kind == "llm":  # a server that does not answer is refused before any sampling, as train's is
+        try:
+            probe_chat_server(judge.chat, "judge")
+        except RunStopped as error:
+            judge.close()
+            raise ValueError(f"{error} (on the command line: --judge-url)") from None
+    return judge
 
 
 def _validation_tokenizer(config: RLConfig, task):
@@ -563,7 +596,8 @@ def _agreement_plan(args):
 
 def _judge_agreement(args) -> int:
     """`rubric-jax judge-agreement`: the inputs checked (one line on stderr, status 2, for a problem), the raters
-    compared and probed, the report written and printed."""
+    compared and probed, the report written and printed; status 1, with one line saying why, when a comparison
+    compared nothing (every verdict of a side failed or missing, or no criteria: `agreement.incomparable`)."""
     try:
         items, a, b, probes = _agreement_plan(args)
     except (ValueError, OSError) as error:
@@ -576,6 +610,9 @@ def _judge_agreement(args) -> int:
     markdown, plot, numbers = agreement.write_report(report, args.output)
     print(markdown.read_text(encoding="utf-8"), end="")
     print(f"rubric-jax {args.command}: wrote {markdown}, {plot}, {numbers}", file=sys.stderr)
+    if report["incomparable"]:
+        print(f"rubric-jax {args.command}: nothing compared in {'; '.join(report['incomparable'])}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -10,11 +10,11 @@
 Everything is seeded by `seed`; both runs resume from their checkpoints when the command is repeated.
 """
 
-import json
 import time
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
+from rubric_jax import strict_json
 from rubric_jax.data.tasks import build_task
 from rubric_jax.inference.embedded import EmbeddedEngine
 from rubric_jax.models.safetensors_io import load_hf_checkpoint
@@ -85,7 +85,7 @@ def run_quickstart(config: QuickstartConfig) -> dict[str, Any]:
         "seconds": {"sft": sft_seconds, "rl": rl_seconds, "total": time.monotonic() - started},
         "plots": sorted(str(p) for p in out.glob("*/plots/*.png")),
     }
-    (out / "report.json").write_text(json.dumps(report, indent=2))
+    (out / "report.json").write_text(strict_json.dumps(report, indent=2))
     print(_table(before, after))
     print(f"[quickstart] {report['seconds']['total']:.0f} s; report {out / 'report.json'}, plots in "
           f"{out / 'sft' / 'plots'} and {out / 'rl' / 'plots'}", flush=True)

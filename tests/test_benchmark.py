@@ -4,6 +4,7 @@ rubric score for those with a rubric, each checked against a plain loop over the
 passes on a run config over each preset."""
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -134,3 +135,18 @@ def test_validate_says_what_the_score_does_with_the_datas_penalties(score, effec
     assert any(line.startswith(f"rubrics: 3 criteria with a negative weight: {effect}") for line in lines)
     assert "rubrics: 1 rows with no positive weight: a weighted score (positive points, weighted fraction) gives " \
            "them 0 whatever the response" in lines
+
+
+def test_the_report_writes_undefined_values_as_null_and_n_a(tmp_path):
+    """HealthBench's points score is NaN where no sample has positive points (`evaluate.clipped_mean`): strict
+    JSON null in the report, "n/a" in its markdown."""
+    metrics = {"eval/accuracy": 0.5, "eval/points_score": math.nan, "eval/tag/t/points_score": math.inf}
+    markdown = benchmark.write_report(metrics, str(tmp_path / "eval.json"), "title")
+
+    def refuse(constant):
+        raise ValueError(f"not JSON: {constant}")
+
+    assert json.loads((tmp_path / "eval.json").read_text(), parse_constant=refuse) == {
+        "eval/accuracy": 0.5, "eval/points_score": None, "eval/tag/t/points_score": None}
+    text = markdown.read_text()
+    assert "| eval/points_score | n/a |" in text and "| t | n/a |" in text and "| eval/accuracy | 0.5000 |" in text

@@ -14,7 +14,7 @@ import yaml
 from rubric_jax import cli
 from rubric_jax.models.config import ModelConfig
 from tests.data.dataset_fixtures import FIXTURES
-from tests.inference.standin_server import StandinServer
+from tests.inference.standin_server import StandinServer, fenced
 
 
 def test_sft_then_eval_from_the_command_line(tmp_path, capsys):
@@ -297,3 +297,78 @@ def test_ctrl_c_outside_the_training_loop_is_one_line_and_exit_130(tmp_path, mon
     monkeypatch.setattr(rl, "train_rl", interrupted)
     assert cli.main(["train", *TINY_RL, f"output_dir={tmp_path}/run"]) == 130
     assert capsys.readouterr().err == "rubric-jax train: interrupted\n"
+
+
+# ---------------------------------------------------------------- eval's judge: probed, and held to the budget
+
+# The RaR fixture (two rows: rubrics of 3 and 2 items) judged in RLCER's verifier format: one call per sample.
+RAR_EVAL = ["--dataset", "rar", "--data-path", str(FIXTURES / "rar.jsonl"), "--judge-model", "judge",
+            "--judge-format", "rlcer_verifier", "--max-new-tokens", "4"]
+
+
+def test_eval_refuses_a_judge_nobody_serves_before_sampling(tiny_qwen3_dir, tmp_path, capsys):
+    output = tmp_path / "eval.json"
+    assert cli.main(["eval", str(tiny_qwen3_dir), *RAR_EVAL, "--judge-url", "http://127.0.0.1:1",
+                     "--output", str(output)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and not output.exists() and not output.with_suffix(".md").exists()  # no score claimed
+    # the last line (the datasets library may draw a progress bar first, reading the file)
+    last = err.splitlines()[-1]
+    assert last.startswith("rubric-jax eval: judge.url http://127.0.0.1:1 does not answer (")
+    assert last.endswith("start the server or correct the URL (on the command line: --judge-url)")
+
+
+def verifier_failing_on(*questions: str):
+    """An RLCER verifier meeting every criterion, answering prose (no JSON) for the samples of `questions`."""
+    def respond(messages):
+        text = "\n".join(m["content"] for m in messages)
+        if any(question in text for question in questions):
+            return "I cannot judge this."
+        criteria = fenced(text, "rubrics").splitlines()
+        return json.dumps({"judgement": [True] * len(criteria), "final_score": 0})
+
+    return respond
+
+
+def strict_loads(text: str):
+    """json.loads that refuses NaN and +-Infinity, which Python's json reads but JSON does not have."""
+    def refuse(constant):
+        raise ValueError(f"not JSON: {constant}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_eval_whose_judge_fails_above_the_budget_exits_1_and_reports_no_score(tiny_qwen3_dir, tmp_path, capsys):
+    output = tmp_path / "eval.json"
+    with StandinServer(responder=verifier_failing_on("ureteric stone", "stiff neck")) as server:
+        status = cli.main(["eval", str(tiny_qwen3_dir), *RAR_EVAL, "--judge-url", server.base_url,
+                           "--output", str(output)])
+    out, err = capsys.readouterr()
+    assert status == 1
+    failure = (f"the judge at {server.base_url} failed on 100% of the samples (no_json 2), above "
+               "judge.max_failure_rate (0.5): its scores are failures, not judgements, and are not reported")
+    assert err.endswith(f"\nrubric-jax eval: {failure}\n")
+    report = strict_loads(output.read_text())
+    assert strict_loads(out) == report
+    assert report["judge_failure"] == failure
+    assert report["eval/judge/failure_rate"] == 1.0 and report["eval/judge/failed/no_json"] == 2
+    assert report["eval/rubric_score"] is None and report["eval/points_score"] is None  # not a 0.0 result
+    assert report["eval/accuracy"] == 0.0  # the outcome needs no judge (RaR rows have no gold answer)
+    markdown = output.with_suffix(".md").read_text()
+    assert markdown.startswith(f"# {tiny_qwen3_dir} on rar\n\n**The judge failed**: {failure}.\n")
+    assert "| eval/rubric_score | n/a |" in markdown and "| eval/judge/failure_rate | 1.0000 |" in markdown
+
+
+def test_eval_whose_judge_fails_within_the_budget_reports_the_failure_rate(tiny_qwen3_dir, tmp_path, capsys):
+    output = tmp_path / "eval.json"
+    with StandinServer(responder=verifier_failing_on("stiff neck")) as server:
+        status = cli.main(["eval", str(tiny_qwen3_dir), *RAR_EVAL, "--judge-url", server.base_url,
+                           "--output", str(output)])
+    assert status == 0
+    report = strict_loads(output.read_text())
+    assert strict_loads(capsys.readouterr().out) == report and "judge_failure" not in report
+    # one of the two samples failed: 0.5, not above judge.max_failure_rate (0.5); the other met every criterion
+    # (weights 5, 3, -1: a negative weight counts 0, so 8 / 8), the failed one counts 0
+    assert report["eval/judge/failure_rate"] == 0.5 and report["eval/judge/failed/no_json"] == 1
+    assert report["eval/rubric_score"] == 0.5
+    assert "| eval/judge/failure_rate | 0.5000 |" in output.with_suffix(".md").read_text()

@@ -196,3 +196,69 @@ def test_each_bad_input_is_one_line_naming_the_problem(inputs, capsys, args, mes
     assert err.endswith("\n") and err.count("\n") == 1, err
     assert err.startswith("rubric-jax judge-agreement: ") and "Traceback" not in err
     assert message.replace("{tmp}", str(inputs)) in err
+
+
+# ---------------------------------------------------------------- failed verdicts: left out, counted; nothing left
+
+
+def strict_loads(text: str):
+    """json.loads refusing NaN and +-Infinity (Python reads them; JSON has none)."""
+    def refuse(constant):
+        raise ValueError(f"not JSON: {constant}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_failures_on_both_sides_are_left_out_and_counted(tmp_path, capsys):
+    items = write_items(tmp_path / "items.jsonl")
+    output = tmp_path / "report.md"
+    with StandinServer(responder=verifier(primacy=False, fails_on="nothing")) as a, \
+            StandinServer(responder=verifier(primacy=False, fails_on="apples")) as b:
+        status = cli.main(["judge-agreement", str(items), "--output", str(output), "--format", "rlcer_verifier",
+                           "--judge-a-url", a.base_url, "--judge-a-model", "a",
+                           "--judge-b-url", b.base_url, "--judge-b-model", "b"])
+    out, err = capsys.readouterr()
+    assert status == 0 and "nothing compared" not in err
+    a_vs_b = strict_loads(output.with_suffix(".json").read_text())["a_vs_b"]
+    # A fails on item 3 ("nothing"), B on item 1 ("apples"): items 0 and 2 are compared, both judges honest
+    assert a_vs_b["items_compared"] == 2 and a_vs_b["overall"]["pairs"] == 4 and a_vs_b["overall"]["agreement"] == 1
+    assert a_vs_b["excluded"] == {"first": {"missing": 0, "failed": 1, "failed_by_reason": {"no_json": 1}},
+                                  "second": {"missing": 0, "failed": 1, "failed_by_reason": {"no_json": 1}}}
+    assert "Items compared: 2 of 4. Excluded: A failed on 1 (no_json 1), has no rating for 0; B failed on 1 " \
+           "(no_json 1), has no rating for 0." in out
+
+
+def test_judges_that_never_parse_compare_nothing_and_exit_1(tmp_path, capsys):
+    """Two judges whose every answer is prose: no agreement is reported (the issue's "100% over 35 pairs"), the
+    failures are counted, the command exits 1 with one line saying why; the JSON stays strict (NaN as null)."""
+    items = write_items(tmp_path / "items.jsonl")
+    output = tmp_path / "report.md"
+    with StandinServer(responder=lambda messages: "Looks fine to me.") as a, \
+            StandinServer(responder=verifier(primacy=False, fails_on="nothing")) as b:
+        status = cli.main(["judge-agreement", str(items), "--output", str(output), "--format", "rlcer_verifier",
+                           "--judge-a-url", a.base_url, "--judge-a-model", "a",
+                           "--judge-b-url", b.base_url, "--judge-b-model", "b", "--permute"])
+    out, err = capsys.readouterr()
+    assert status == 1
+    reason = ("A vs B: no item was rated by both (A failed on 4 (no_json 4), has no rating for 0; B failed on 1 "
+              "(no_json 1), has no rating for 0)")
+    position = ("Position: criteria permuted: no item was rated by both (original order failed on 4 (no_json 4), "
+                "has no rating for 0; permuted failed on 4 (no_json 4), has no rating for 0)")
+    assert err.endswith(f"\nrubric-jax judge-agreement: nothing compared in {reason}; {position}\n")
+    report = strict_loads(output.with_suffix(".json").read_text())
+    assert report["incomparable"] == [reason, position]
+    assert report["a_vs_b"]["overall"] == {"pairs": 0, "agreement": None, "kappa": None, "confusion": [[0, 0], [0, 0]]}
+    assert f"**Nothing compared** in {reason}; {position}." in out and out == output.read_text()
+
+
+def test_items_without_criteria_compare_nothing(tmp_path, capsys):
+    items = tmp_path / "items.jsonl"
+    write_judged_rollouts(items, [JudgedRollout(id="x", step=1, request=JudgeRequest("Q?", "A.", Rubric(())),
+                                                verdict=RolloutVerdict(satisfied=()))])
+    labels = tmp_path / "labels.jsonl"
+    labels.write_text('{"id": "x", "satisfied": []}\n')
+    status, err = run_cli(["judge-agreement", str(items), "--use-saved-verdicts", "--labels", str(labels),
+                           "--output", str(tmp_path / "report.md")], capsys)
+    assert status == 1
+    assert err.endswith("rubric-jax judge-agreement: nothing compared in A vs B: the 1 items compared have no "
+                        "criteria\n")

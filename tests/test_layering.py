@@ -1,7 +1,8 @@
 """DESIGN.md's import rule over rubric_jax/, read from every module's import statements (function-level ones
-included): each layer imports only the layers listed above it in DESIGN.md's "Layers" list; `core` and
-`yaml_config` import nothing from the project; `data` imports neither `algorithms` nor `training` nor the command
-line; `training` drives recipes through the registry and imports no recipe module by name."""
+included): each layer imports only the layers listed above it in DESIGN.md's "Layers" list; `core`, `yaml_config`
+and `strict_json` import nothing from the project, and every layer but `core` may import `strict_json`; `data`
+imports neither `algorithms` nor `training` nor the command line; `training` drives recipes through the registry
+and imports no recipe module by name."""
 
 import ast
 from pathlib import Path
@@ -20,6 +21,11 @@ ALLOWED.update({
     "benchmark": {*ORDER, "data", "yaml_config", "quickstart"},
     "cli": {*ORDER, "data", "yaml_config", "quickstart", "benchmark"},
 })
+# strict_json (stdlib only) lies below every layer but core: every writer of JSON may import it.
+for layer, allowed in ALLOWED.items():
+    if layer != "core":
+        allowed.add("strict_json")
+ALLOWED["strict_json"] = set()
 # The recipe modules, which training must not import: everything in algorithms/ but the shared helpers and the
 # registry.
 RECIPES = {path.stem for path in (PACKAGE / "algorithms").glob("*.py")} - {"__init__", "base", "registry"}
@@ -73,7 +79,9 @@ def test_every_module_follows_the_import_rule():
 def test_the_rule_catches_each_kind_of_violation():
     cases = {
         "rubric_jax.core.x": "import rubric_jax.rubrics.schema",
+        "rubric_jax.core.y": "from rubric_jax.strict_json import dumps",
         "rubric_jax.yaml_config": "from rubric_jax.core import segments",
+        "rubric_jax.strict_json": "from rubric_jax import yaml_config",
         "rubric_jax.data.x": "def f():\n    from rubric_jax.training.run_config import RLConfig",
         "rubric_jax.data.y": "from rubric_jax.algorithms import base",
         "rubric_jax.training.x": "from rubric_jax.algorithms.srar import analysis_metrics",
@@ -87,6 +95,7 @@ def test_the_rule_catches_each_kind_of_violation():
         "rubric_jax.training.y": "from rubric_jax.algorithms.base import RolloutContext",
         "rubric_jax.core.x": "from rubric_jax.core.segments import stats_dtype",
         "rubric_jax.data.x": "from rubric_jax.yaml_config import config_from_dict",
+        "rubric_jax.judges.x": "from rubric_jax.strict_json import dumps",
     }
     for module, source in allowed.items():
         assert violations(module, project_imports(source)) == [], (module, source)

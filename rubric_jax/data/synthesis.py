@@ -52,6 +52,7 @@ import os
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Literal, Mapping, Optional, Sequence
 
+from rubric_jax import strict_json
 from rubric_jax.data import tasks
 from rubric_jax.data.dataset import Record
 from rubric_jax.inference.http import RequestFailed
@@ -435,7 +436,7 @@ def _append_synced(path: Path, lines: Sequence[str]) -> None:
 
 def _rewrite(path: Path, rows: Sequence[dict]) -> None:
     temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    temporary.write_text("".join(strict_json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
     os.replace(temporary, path)
 
 
@@ -472,10 +473,10 @@ class OutputStore:
     def commit(self, source_hash: str, split: str, records: Sequence[dict], tally: SourceTally) -> None:
         """Appends a finished source's records to its split's file, then its index line, each synced."""
         if records:
-            _append_synced(self.paths[split], [json.dumps(r, ensure_ascii=False) for r in records])
+            _append_synced(self.paths[split], [strict_json.dumps(r, ensure_ascii=False) for r in records])
         entry = {"hash": source_hash, "split": split, "records": len(records), "calls": dict(tally.calls),
                  "failures": dict(tally.failures), "discards": dict(tally.discards)}
-        _append_synced(self.index_path, [json.dumps(entry)])
+        _append_synced(self.index_path, [strict_json.dumps(entry)])
         self.entries[source_hash] = entry
 
     def records(self) -> dict[str, list[dict]]:
@@ -495,7 +496,7 @@ def check_manifest(directory: Path, config: SynthesisConfig) -> None:
             raise ValueError(f"{directory} holds a synthesis with another config (differing: {', '.join(differing)}); "
                              "resume it with the same config, or use another output_dir")
     directory.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(current, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    path.write_text(strict_json.dumps(current, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
 def _comparable(value: Any, key: str) -> Any:
@@ -724,7 +725,7 @@ def markdown_summary(summary: Mapping[str, Any]) -> str:
 def write_summary(out: Path, summary: Mapping[str, Any], samples: Mapping[str, Sequence[float]], plots: bool
                   ) -> None:
     """summary.json, summary.md and, with `plots`, the histograms of `samples` under plots/."""
-    (out / SUMMARY_JSON).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    (out / SUMMARY_JSON).write_text(strict_json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     (out / SUMMARY_MD).write_text(markdown_summary(summary), encoding="utf-8")
     if plots:
         plot_histograms(samples, out / "plots")

@@ -29,7 +29,9 @@ Statistics, all over the items both raters rated (two lists of verdicts "first" 
 Degenerate cases, defined: no pair -> agreement and kappa NaN; kappa is NaN ("undefined") when both raters give
 every pair one and the same label (its chance agreement is 1, so (p_o - p_e) / (1 - p_e) is 0 / 0); a correlation
 is NaN with a note for fewer than 2 responses or a rater whose scores are constant; means of nothing are NaN. NaN
-is written as null in the JSON report and "undefined" in the markdown.
+is written as null in the JSON report and "undefined" in the markdown. A comparison with no (item, criterion)
+pair (every item failed or unrated on a side, or the items compared have no criteria) compared nothing: the
+report lists it under "incomparable" (`incomparable`), and `rubric-jax judge-agreement` exits 1.
 """
 
 import collections
@@ -46,6 +48,7 @@ import numpy as np
 from scipy import stats
 from sklearn import metrics
 
+from rubric_jax import strict_json
 from rubric_jax.core import rewards
 from rubric_jax.judges.base import Judge, JudgeRequest, RolloutVerdict, Verdicts
 from rubric_jax.judges.records import JudgedRollout, jsonl_files, verdict_rows
@@ -368,8 +371,9 @@ def measure_agreement(items: Sequence[JudgedRollout], a: Rater, b: Optional[Rate
                       log: Callable[[str], None] = lambda message: None) -> dict[str, Any]:
     """The report's numbers (module docstring): "items", the raters' names, "a_vs_b" (`compare_ratings`, with B),
     and, for the probed judge (`probed_rater`), "self_consistency", "position" and "length" (`compare_ratings` of
-    its unperturbed and its perturbed verdicts, with "pad_chars"), as `probes` asks. Judges run with
-    `probes.seed`; `log` hears a line before each pass over the items."""
+    its unperturbed and its perturbed verdicts, with "pad_chars"), as `probes` asks, and "incomparable"
+    (`incomparable`: the comparisons that compared nothing). Judges run with `probes.seed`; `log` hears a line
+    before each pass over the items."""
     check_plan(a, b, probes)
     requests = [item.request for item in items]
     rubrics = [r.rubric for r in requests]
@@ -383,10 +387,17 @@ def measure_agreement(items: Sequence[JudgedRollout], a: Rater, b: Optional[Rate
     if b is not None:
         report["a_vs_b"] = compare_ratings(rubrics, ratings["A"], ratings["B"])
     probed = probed_rater(a, b) if probes.requested else None
-    if probed is None:
-        return report
-    report["probed"] = probed.name
-    first = ratings["A" if probed is a else "B"]
+    if probed is not None:
+        report.update(_probe_sections(probed, ratings["A" if probed is a else "B"], requests, probes, log))
+    report["incomparable"] = incomparable(report)
+    return report
+
+
+def _probe_sections(probed: Rater, first: Ratings, requests: Sequence[JudgeRequest], probes: Probes,
+                    log: Callable[[str], None]) -> dict[str, Any]:
+    """`measure_agreement`'s sections of the probed judge, whose unperturbed verdicts are `first`."""
+    rubrics = [r.rubric for r in requests]
+    report: dict[str, Any] = {"probed": probed.name}
     if probes.repeats > 1:
         runs = [first] + [_run(probed, probes.seed + r, requests, log, f"repeat {r + 1} of {probes.repeats}")
                           for r in range(1, probes.repeats)]
@@ -451,17 +462,6 @@ _SECTIONS = {
 }
 
 
-def _json_ready(value: Any) -> Any:
-    """`value` with NaN as None, tuples as lists (JSON has no NaN)."""
-    if isinstance(value, dict):
-        return {key: _json_ready(v) for key, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_ready(v) for v in value]
-    if isinstance(value, float) and math.isnan(value):
-        return None
-    return value
-
-
 def _number(value: float, percent: bool = False) -> str:
     if math.isnan(value):
         return "undefined"
@@ -479,6 +479,30 @@ def _exclusions(name: str, counts: Mapping[str, Any]) -> str:
     reasons = ", ".join(f"{reason} {n}" for reason, n in counts["failed_by_reason"].items())
     return f"{name} failed on {counts['failed']}" + (f" ({reasons})" if reasons else "") + \
         f", has no rating for {counts['missing']}"
+
+
+def incomparable(report: Mapping[str, Any]) -> list[str]:
+    """A reason for each comparison of `report` (`measure_agreement`'s sections) that has no (item, criterion)
+    pair: no item both raters (every run) rated usably, with each side's failures by reason, or items compared
+    whose rubrics have no criteria. Empty when every comparison compared something."""
+    reasons = []
+    for key, (title, first, second, _) in _SECTIONS.items():
+        section = report.get(key)
+        if section is None or section["items_compared"] and _pairs(key, section):
+            continue
+        if section["items_compared"]:
+            reasons.append(f"{title}: the {section['items_compared']} items compared have no criteria")
+        elif key == "self_consistency":
+            reasons.append(f"{title}: no item was rated by every run ({section['items_excluded']} failed or unrated)")
+        else:
+            excluded = section["excluded"]
+            reasons.append(f"{title}: no item was rated by both ({_exclusions(first, excluded['first'])}; "
+                           f"{_exclusions(second, excluded['second'])})")
+    return reasons
+
+
+def _pairs(key: str, section: Mapping[str, Any]) -> int:
+    return section["pairs"] if key == "self_consistency" else section["overall"]["pairs"]
 
 
 def _comparison_lines(section: Mapping[str, Any], first: str, second: str, items: int) -> list[str]:
@@ -506,6 +530,8 @@ def markdown_report(report: Mapping[str, Any], plot_name: Optional[str] = None) 
              "agreement and Cohen's kappa; kappa is undefined when both raters give every pair the same label. "
              "The rubric score is the weighted fraction of the rubric met (rubric-jax eval's rubric score). Failed "
              "and missing ratings are excluded and counted."]
+    if report.get("incomparable"):
+        lines += ["", "**Nothing compared** in " + "; ".join(report["incomparable"]) + "."]
     for key, (title, first, second, _) in _SECTIONS.items():
         if key not in report:
             continue
@@ -558,6 +584,6 @@ def write_report(report: Mapping[str, Any], output: str | os.PathLike) -> tuple[
     (.json, NaN as null); returns the three paths."""
     markdown, plot, numbers = Path(output), Path(output).with_suffix(".png"), Path(output).with_suffix(".json")
     plot_confusions(report, plot)
-    numbers.write_text(json.dumps(_json_ready(report), indent=2) + "\n", encoding="utf-8")
+    numbers.write_text(strict_json.dumps(report, indent=2) + "\n", encoding="utf-8")
     markdown.write_text(markdown_report(report, plot.name), encoding="utf-8")
     return markdown, plot, numbers

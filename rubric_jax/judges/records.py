@@ -23,6 +23,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
+from rubric_jax import strict_json
 from rubric_jax.inference.http import ClientStats
 from rubric_jax.judges.base import Judge, JudgeRequest, RolloutVerdict, Verdicts
 from rubric_jax.rubrics.schema import Rubric
@@ -180,7 +181,7 @@ def write_judged_rollouts(path: str | os.PathLike, records: Iterable[JudgedRollo
     try:
         with open(temporary, "w", encoding="utf-8") as handle:
             for record in records:
-                handle.write(json.dumps(judged_rollout_to_json(record), ensure_ascii=False) + "\n")
+                handle.write(strict_json.dumps(judged_rollout_to_json(record), ensure_ascii=False) + "\n")
         os.replace(temporary, path)
     except BaseException:
         temporary.unlink(missing_ok=True)

@@ -14,6 +14,9 @@ For E examples and k = `samples_per_example` samples each (greedy when temperatu
 - "eval/tag/<tag>/..." and "eval/item_tag/<tag>/points_score": per-tag breakdowns (`tag_metrics`) for
   examples and criteria that carry tags;
 - "eval/response_length": the mean number of response tokens;
+- "eval/judge/failure_rate": the fraction of samples whose verdict failed (always reported, 0 when none did), and
+  "eval/judge/failed/<reason>" their counts by reason; `rubric-jax eval` holds the rate to the judge's failure
+  budget (`benchmark.judge_failure`), the RL trainer logs it with each in-training evaluation;
 - "eval/<recipe>/...": the analyses that recipes contribute through the registry
   (`registry.register(name, eval_metrics=fn)`), for each recipe the caller names in `recipes` (the RL trainer:
   its algorithm) and each the task names in its `eval_recipes` attribute (a tuple of registered names; the

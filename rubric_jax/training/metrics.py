@@ -27,6 +27,8 @@ from typing import Iterator, Mapping, Optional, Sequence, TextIO, Union
 
 import numpy as np
 
+from rubric_jax import strict_json
+
 METRICS_FILE = "metrics.jsonl"
 SAMPLES_FILE = "samples.jsonl"
 # The eval/* keys are on the console on the steps where an evaluation ran (a key a step lacks is not shown);
@@ -138,11 +140,11 @@ class MetricsWriter:
         if self._samples_file is None:
             self._samples_file = open(self.samples_path, "a", encoding="utf-8")
         for sample in samples:
-            self._samples_file.write(json.dumps({"step": operator.index(step), "phase": phase, **sample},
-                                                ensure_ascii=False) + "\n")
+            self._samples_file.write(strict_json.dumps({"step": operator.index(step), "phase": phase, **sample},
+                                                       ensure_ascii=False) + "\n")
         self._samples_file.flush()
         if self._tensorboard is not None:
-            text = "\n\n---\n\n".join("```\n" + json.dumps(sample, ensure_ascii=False, indent=1) + "\n```"
+            text = "\n\n---\n\n".join("```\n" + strict_json.dumps(sample, ensure_ascii=False, indent=1) + "\n```"
                                        for sample in samples)
             self._tensorboard.add_text(f"samples/{phase}", text, step)
             self._tensorboard.flush()
@@ -153,8 +155,7 @@ class MetricsWriter:
             raise ValueError("'step' is the record's step, not a metric key")
         step = operator.index(step)  # an int, NumPy's included; JSON cannot write np.int64
         values = {key: _scalar(key, value) for key, value in metrics.items()}
-        record = {key: value if math.isfinite(value) else None for key, value in values.items()}
-        self._file.write(json.dumps({"step": step, **record}, allow_nan=False) + "\n")
+        self._file.write(strict_json.dumps({"step": step, **values}) + "\n")
         self._file.flush()
         self._writes += 1
         if self._tensorboard is not None:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from rubric_jax.cli import main
 from rubric_jax.data import synthesis
 from rubric_jax.data.tasks import build_task
 from rubric_jax.judges.llm import MissingApiKey
@@ -245,19 +246,41 @@ def test_rar_writes_weighted_categories_read_by_preset_rar(tmp_path):
             assert weights[:7] == [5, 5, 4, 3, 2, 1, -1]
 
 
-def test_rar_schema_violations_are_retried_then_discarded(tmp_path):
-    class WrongWeights(QuestionGenerator):
-        def __call__(self, messages):
-            answer = json.loads(super().__call__(messages))
-            answer["rubric"][0]["weight"] = 4  # an Essential item weighs 5
-            return json.dumps(answer)
+class WrongWeights(QuestionGenerator):
+    def __call__(self, messages):
+        answer = json.loads(super().__call__(messages))
+        answer["rubric"][0]["weight"] = 4  # an Essential item weighs 5
+        return json.dumps(answer)
 
+
+def test_rar_schema_violations_are_retried_then_discarded(tmp_path):
     with StandinServer(responder=WrongWeights({})) as server:
         summary = synthesis.synthesize(config("rar", tmp_path, server.base_url, f"input.path={RAR}"), progress=False)
     assert summary["stage_failures"] == {"rubric/schema": 6}
     assert summary["discards"] == {"rubric/schema": 2}
     assert sum(summary["records"].values()) == 0
     assert all(not (tmp_path / f"{name}.jsonl").read_text() for name in ("train", "validation", "test"))
+
+
+def test_the_command_that_wrote_no_record_exits_1_with_the_reasons(tmp_path, capsys):
+    """`rubric-jax synthesize` whose every source was discarded: status 1, one line with the discards, and no
+    suggestion to train on the empty file."""
+    with StandinServer(responder=WrongWeights({})) as server:
+        status = main(["synthesize", str(REPO / "configs" / "synthesize_rar.yaml"), f"output_dir={tmp_path}",
+                       f"generator.url={server.base_url}", f"input.path={RAR}", "--no-progress"])
+    out, err = capsys.readouterr()
+    assert status == 1
+    assert err.endswith(f"rubric-jax synthesize: wrote no record to {tmp_path} from 2 sources (discarded: "
+                        "rubric/schema 2; failed stage calls: rubric/schema 6): see its summary.md\n")
+    assert "train on it" not in err and "train.jsonl" not in err
+    assert json.loads(out)["records"] == {"train": 0, "validation": 0, "test": 0}
+
+    with StandinServer(responder=QuestionGenerator({})) as server:  # valid rubrics: records, and the suggestion
+        status = main(["synthesize", str(REPO / "configs" / "synthesize_rar.yaml"), f"output_dir={tmp_path / 'ok'}",
+                       f"generator.url={server.base_url}", f"input.path={RAR}", "--no-progress"])
+    out, err = capsys.readouterr()
+    assert status == 0 and json.loads(out)["records"]["train"] == 2  # both rows hash to the train split
+    assert err.endswith(f"train on it with task.params {{preset: rar, path: {tmp_path / 'ok'}/train.jsonl}}\n")
 
 
 def test_inputs_without_the_columns_a_pipeline_reads_are_refused_before_any_request(tmp_path):

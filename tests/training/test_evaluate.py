@@ -153,3 +153,25 @@ def test_chunked_evaluation_gives_the_same_metrics_and_reports_progress():
     chunked, engine = healthbench_metrics(chunk_examples=1, progress=seen.append)
     assert engine.calls == [(1, 5), (1, 6)] and seen == [1, 1]  # chunk i sampled with seed + i
     assert chunked == whole
+
+
+class FailsOnFirst(Judge):
+    """Fails (reason "no_json") on the first request of each call, meets every criterion of the others."""
+
+    def judge(self, requests, max_items):
+        return Verdicts.from_rollouts([RolloutVerdict.failure("no_json", "prose") if b == 0 else
+                                       RolloutVerdict(satisfied=(1.0,) * len(r.rubric.criteria))
+                                       for b, r in enumerate(requests)], max_items)
+
+
+def test_the_judges_failures_are_reported_with_the_scores():
+    """eval/judge/failure_rate (failed samples over all) and the failures by reason, which `rubric-jax eval`'s
+    budget and the in-training evaluation's metrics read."""
+    task = build_task("dataset", {"preset": "healthbench", "path": str(HEALTHBENCH), "eval_path": str(HEALTHBENCH)}, 0)
+    examples = task.eval_examples(2)
+    metrics = evaluate(TextEngine(task.tokenizer()), task.tokenizer(), task, FailsOnFirst(), examples, EvalConfig(),
+                       max_new_tokens=8, seed=0, chunk_examples=1)  # two chunks: each one's first sample fails
+    assert metrics["eval/judge/failure_rate"] == 1.0 and metrics["eval/judge/failed/no_json"] == 2
+    metrics = evaluate(TextEngine(task.tokenizer()), task.tokenizer(), task, FailsOnFirst(), examples, EvalConfig(),
+                       max_new_tokens=8, seed=0)
+    assert metrics["eval/judge/failure_rate"] == 0.5 and metrics["eval/judge/failed/no_json"] == 1

@@ -34,6 +34,7 @@ def test_every_second_step_saves_the_rollouts_its_rewards_came_from(tmp_path):
     assert ["rollout_log/records" in line for line in lines] == [False, True, False, True]
     # Steps 2 and 4 also evaluated, and the evaluation's judge calls are in no file.
     assert all("eval/rubric_score" in lines[step - 1] for step in (2, 4))
+    assert all(lines[step - 1]["eval/judge/failure_rate"] == 0 for step in (2, 4))  # the toy task's judge never fails
 
     for step in (2, 4):
         line, records = lines[step - 1], read_judged_rollouts(rollout_log_path(run, step))
