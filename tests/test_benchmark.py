@@ -69,7 +69,7 @@ def test_validate_passes_on_every_preset(preset, tmp_path, capsys):
               "judge": {"kind": "llm", "url": "http://127.0.0.1:1", "model": "judge", "format": "rating"} if rubric
               else {"kind": "task"}}
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(config))
-    assert cli.main(["validate", str(tmp_path / "run.yaml"), "--rows", "1"]) == 0
+    assert cli.main(["validate", str(tmp_path / "run.yaml"), "--rows", "1", "--offline"]) == 0
     out = capsys.readouterr().out
     assert "\ndata: " in out and "policy prompt (" in out and "judge prompt ---" in out
 
@@ -81,7 +81,7 @@ def test_validate_passes_on_every_preset(preset, tmp_path, capsys):
 ])
 def test_validate_renders_each_role_as_the_recipe_prompts_it(config, roles, text, capsys, monkeypatch):
     monkeypatch.chdir(ROOT)  # the configs name their fixture relative to the repository root
-    assert cli.main(["validate", f"configs/{config}", "--rows", "1"]) == 0
+    assert cli.main(["validate", f"configs/{config}", "--rows", "1", "--offline"]) == 0
     out = capsys.readouterr().out
     assert [line.split(" prompts:")[0] for line in out.splitlines() if " prompts: the longest" in line] == roles
     assert all(f": {role} prompt (" in out for role in roles) and text in out

@@ -183,11 +183,13 @@ def test_an_llm_judge_from_the_config_judges_over_http_and_its_requests_are_logg
         # One criterion in every call: rated 1 when the response has a step header, else 0.
         server.responder = lambda messages: json.dumps(
             {"rating": int("### Step" in messages[-1]["content"].split("<response>")[-1])})
+        # The first 503 meets the launch's preflight request, the second the run's first request.
+        server.inject(http_error(503, "/v1/chat/completions"))
         server.inject(http_error(503, "/v1/chat/completions"))
         config = tiny_rl_config(tmp_path, judge=JudgeConfig(kind="llm", url=server.base_url, model="judge",
                                                             format="rating", max_attempts=3))
         last = train_rl(config, build_task("arithmetic", {}, 0))
-        calls = len(server.chat_requests)
+        calls = len(server.chat_requests) - 1  # the preflight's, not the run's
     rubric_items = sum(len(build_task("arithmetic", {}, 0).rubric(p).criteria)
                        for p in build_task("arithmetic", {}, 0).train_stream(0).next_batch(2))
     assert calls == rubric_items * 4  # every (rollout, criterion) answered once; the 503 was retried
