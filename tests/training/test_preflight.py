@@ -21,7 +21,7 @@ from tests.data.dataset_fixtures import FIXTURES
 from tests.data.synthesis_generators import QuestionGenerator
 from tests.inference.standin_server import StandinServer
 from tests.training.test_rl import tiny_rl_config
-from tests.training.toy_task import toy_task
+from tests.training.toy_task import RUBRIC, toy_task
 
 REPO = Path(__file__).resolve().parents[2]
 PROSE = "I think the response is quite good overall."
@@ -43,7 +43,7 @@ def test_train_stops_before_step_1_with_the_raw_answer_when_the_judge_does_not_p
                                   f"answer: {json.dumps(PROSE)}")
     assert request["model"] == "judge" and request["response_format"]["json_schema"]["schema"] == \
         parsing.rating_schema()
-    assert "the response has a digit" in json.dumps(request["messages"])  # the toy task's first criterion
+    assert RUBRIC.criteria[0].text in request["messages"][-1]["content"]  # the toy task's first criterion
     assert not (tmp_path / "run").exists()
 
 
@@ -123,8 +123,8 @@ def test_validate_and_train_name_the_dataset_row_whose_prompt_is_longer_than_the
 def test_synthesize_stops_with_the_generators_raw_answer_before_writing_anything(tmp_path, capsys):
     """`rubric-jax synthesize`: the generator's first rubric request (the RaR fixture's first row) answered in
     prose stops the command with exit 1 and one line, no manifest written; a valid rubric lets it plan."""
-    args = ["synthesize", str(REPO / "configs/synthesize_rar.yaml"), f"output_dir={tmp_path / 'out'}",
-            f"input.path={RAR_ROWS}", "--no-progress"]
+    args = ["synthesize", "--no-progress", str(REPO / "configs/synthesize_rar.yaml"), f"output_dir={tmp_path / 'out'}",
+            f"input.path={RAR_ROWS}"]
     with StandinServer(responder=lambda messages: PROSE) as server:
         assert cli.main([*args, f"generator.url={server.base_url}"]) == 1
         [request] = server.chat_requests
