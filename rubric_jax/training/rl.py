@@ -358,13 +358,18 @@ def context_length(model: Any, task: Any) -> tuple[Any, int]:
     return load_tokenizer(model.path), ModelConfig.from_pretrained(model.path).max_position_embeddings
 
 
-def prompt_refusal(algorithm: Any, task: Any, config: RLConfig) -> Optional[str]:
+def prompt_refusal(algorithm: Any, task: Any, config: RLConfig, model: Any = None, tokenizer: Any = None
+                   ) -> Optional[str]:
     """Why the run cannot sample some dataset row's prompt, naming the row (its file, row number and id), or
     None: a prompt over `rollout.max_prompt_tokens` under prompt_truncation "error", or one (after the cap's
     cut) of the model's max_position_embeddings tokens or more, which leaves no room for a response (the embedded
     sampler refuses it; a server cuts the response to nothing). A role whose prompt shows the policy's response
-    is measured with PLACEHOLDER_RESPONSE, so a longer response can still overflow at run time."""
-    tokenizer, max_positions = context_length(config.model, task)
+    is measured with PLACEHOLDER_RESPONSE, so a longer response can still overflow at run time. The policy is
+    `config.model`'s (`context_length`), or `model` with `tokenizer` when given."""
+    if model is None:
+        tokenizer, max_positions = context_length(config.model, task)
+    else:
+        max_positions = model.config.max_position_embeddings
     rollout = config.rollout
     cap, mode = rollout.max_prompt_tokens, rollout.prompt_truncation
     for role, length, example in prompt_lengths(algorithm, task, tokenizer, config.model.chat_template_kwargs):
@@ -582,7 +587,10 @@ def train_rl(config: RLConfig, task: Any, *, judge=None, model=None, tokenizer=N
     tokenizer to `policy.build_policy(config.model)`; an LLM meta-verifier (`make_meta_verifier`, meta_verifier
     kind llm) reaches the recipe in its context and is closed at the end. Returns the last step's metrics. Writes
     config.yaml, metrics.jsonl, tensorboard/, checkpoints/, plots/, the final policy as a Hugging Face directory
-    model/ and, with `rollout_log.every_steps`, the judged rollouts rollouts/step_<n>.jsonl under output_dir."""
+    model/ and, with `rollout_log.every_steps`, the judged rollouts rollouts/step_<n>.jsonl under output_dir.
+    Before writing anything it refuses (RunStopped, one line) a dataset row whose prompt the model cannot sample
+    (`prompt_refusal`) and an LLM judge or meta-verifier whose server cannot do the work (`check_llm_roles`: one
+    real request each, its answer read by the role's parser)."""
     sharding.maybe_initialize_distributed()  # a multi-process job (docs/multihost.md), before any computation
     algorithm_config, config = resolve_algorithm(config)
     check_rubric_width(algorithm_config, task)
@@ -596,7 +604,7 @@ def train_rl(config: RLConfig, task: Any, *, judge=None, model=None, tokenizer=N
     # Before anything is written: a prompt the model cannot sample, or a server that cannot be reached or whose
     # answers do not parse, stops the launch with nothing changed on disk.
     try:
-        if (refusal := prompt_refusal(algorithm, task, config)) is not None:
+        if (refusal := prompt_refusal(algorithm, task, config, model, tokenizer)) is not None:
             raise RunStopped(refusal)
         check_llm_roles(judge if judge_owned else None, meta_verifier, task, config.judge.format)
         runs.check_relaunch(Path(config.output_dir), config)
