@@ -258,9 +258,9 @@ def _chat_client(config: JudgeConfig | MetaVerifierConfig, seed: int, section: s
                            timeout_s=config.timeout_s)
 
 
-# What the judge is shown for a launch's preflight request in place of the policy's response, when the example has
-# no reference answer to show; and as the prompts' response when their lengths are checked.
+# The response a launch's preflight request shows the judge when the example has no reference answer to show.
 STAND_IN_RESPONSE = "I am not sure; I would need more information to answer."
+# The policy's response in the prompts whose lengths a launch checks and which `rubric-jax validate` renders.
 PLACEHOLDER_RESPONSE = "(the policy's response)"
 # The criterion a preflight judges when the first example's rubric is empty (a recipe that generates its rubrics).
 STAND_IN_CRITERION = Criterion("The response answers the question that was asked.")
