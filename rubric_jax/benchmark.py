@@ -14,8 +14,11 @@ a run config checked against its dataset, its first prompts rendered, without tr
 - `markdown_report(metrics, title)`: the metrics as markdown tables: the overall ones, then the per-tag and
   per-criterion-tag breakdowns (HealthBench's themes and axes); a value that is null or not finite reads "n/a".
 - `validation_report(config, task, tokenizer, rows)`: what `rubric-jax validate` prints: rows used and skipped,
-  the rubrics' negative-weight criteria and what the configured reward does with them, each role's longest prompt (the recipe's `role_prompts`: SRaR's step format, RLCER's rubricator, ...), the
-  first rows' prompts as each role and the judge receive them.
+  the rubrics' negative-weight criteria and what the configured reward does with them, each role's longest
+  prompt (the recipe's `role_prompts`: SRaR's step format, RLCER's rubricator, ...), each LLM role's answer to one
+  real request (the launch's preflight), the first rows' prompts as each role and the judge receive them; and what
+  `rubric-jax train` would refuse at launch (a prompt longer than the model's context, by dataset row; a judge
+  whose answer does not parse; ...).
 """
 
 import collections
@@ -31,14 +34,15 @@ from rubric_jax.data import presets
 from rubric_jax.inference.engine import RolloutEngine
 from rubric_jax.judges import llm
 from rubric_jax.judges.base import Judge, JudgeRequest
+from rubric_jax.judges.preflight import PreflightFailed, require_parsed
 from rubric_jax.quickstart import embedded_engine_from
 from rubric_jax.training import policy
 from rubric_jax.training.evaluate import evaluate
-from rubric_jax.training.rl import check_rubric_width, make_judge
+from rubric_jax.training.rl import (PLACEHOLDER_RESPONSE, check_frozen_engine, check_rubric_width, llm_preflights,
+                                    make_judge, make_meta_verifier, prompt_lengths, prompt_refusal)
 from rubric_jax.training.run_config import EvalConfig, JudgeConfig, RLConfig, resolve_algorithm
 
 DEFAULT_CHUNK = 32
-PLACEHOLDER_RESPONSE = "(the policy's response)"
 # What an evaluation measures without its judge's verdicts (outcomes, lengths, the judge's own failure counts):
 # kept when the judge failed, every other metric is null then.
 _JUDGE_FREE = re.compile(r"eval/(accuracy|pass@\d+|response_length|tag/.+/accuracy|judge/.+)")
@@ -156,17 +160,43 @@ def _judge_prompt(judge: Judge, request: JudgeRequest) -> Optional[list]:
     return judge.fmt.messages(request)
 
 
-def validation_report(config: RLConfig, task: Any, tokenizer: Any, rows: int) -> str:
-    """What `rubric-jax validate` prints (module docstring): the task's rows in use and skipped, the longest
+def validation_report(config: RLConfig, task: Any, tokenizer: Any, rows: int, *, ask_servers: bool = True
+                      ) -> tuple[str, list[str]]:
+    """What `rubric-jax validate` prints (module docstring), and what `rubric-jax train` would refuse at launch
+    (a line each, naming what to fix; empty when it would start): the task's rows in use and skipped, the longest
     rubric against the recipe's max_items (ValueError when it does not fit), the judge (ValueError when it
-    cannot judge the task's rubrics), and the first `rows` training rows' policy and judge prompts."""
+    cannot judge the task's rubrics), a prompt the model cannot sample (`rl.prompt_refusal`, naming the dataset
+    row), the recipe's frozen-engine server (`rl.check_frozen_engine`), and, with `ask_servers`, each LLM role's
+    preflight (`rl.llm_preflights`: the raw answer and whether it parsed; a server that does not answer, refuses
+    the credentials or the model name, or answers what does not parse is refused); then the first `rows`
+    training rows' policy and judge prompts."""
     algorithm_config, config = resolve_algorithm(config)
     check_rubric_width(algorithm_config, task)
     algorithm = algorithm_class(config.algorithm.name)(algorithm_config)
-    judge = make_judge(config.judge, task, config.seed)
+    refusals = []
+    try:
+        check_frozen_engine(algorithm, config)
+    except ValueError as error:
+        refusals.append(str(error))
+    judge = meta_verifier = None
+    try:
+        judge = make_judge(config.judge, task, config.seed)
+        meta_verifier = make_meta_verifier(config.meta_verifier, config.seed)
+        lines = _validation_lines(config, algorithm, task, tokenizer, rows, judge, meta_verifier, ask_servers,
+                                  refusals)
+    finally:
+        for client in (judge, meta_verifier):
+            if client is not None:
+                client.close()
+    return lines, refusals
+
+
+def _validation_lines(config: RLConfig, algorithm: Any, task: Any, tokenizer: Any, rows: int, judge: Judge,
+                      meta_verifier: Any, ask_servers: bool, refusals: list[str]) -> str:
     lines = [f"config: algorithm {config.algorithm.name}, task {config.task.name}, judge {config.judge.kind}"
              + (f" ({config.judge.format} at {config.judge.url}, model {config.judge.model})"
                 if config.judge.kind == "llm" else "")]
+    kwargs = config.model.chat_template_kwargs
     if hasattr(task, "data_metrics"):
         data = task.data_metrics()
         skipped = {k[len("data/skipped/"):]: int(v) for k, v in data.items() if k.startswith("data/skipped/")}
@@ -175,24 +205,23 @@ def validation_report(config: RLConfig, task: Any, tokenizer: Any, rows: int) ->
                         ", none skipped")
                      + f"; longest rubric {task.longest_rubric} items")
         lines += _penalty_lines(algorithm, task)
-    kwargs = config.model.chat_template_kwargs
-    if hasattr(task, "data_metrics"):
         lines += _prompt_lengths(algorithm, task, tokenizer, kwargs, config.rollout.max_prompt_tokens)
-    try:
-        for example in task.train_stream(0).next_batch(rows):
-            where = f"{example.source} row {example.row}" if hasattr(example, "source") else "example"
-            for role, messages in algorithm.role_prompts(task, example, PLACEHOLDER_RESPONSE).items():
-                text, count = _rendered_prompt(tokenizer, messages, kwargs)
-                lines += ["", f"--- {where}: {role} prompt ({count} tokens) ---", text]
-            request = JudgeRequest(task.question(example), PLACEHOLDER_RESPONSE, task.rubric(example),
-                                   task.reference(example), None, tuple(task.prompt(example)))
-            messages = _judge_prompt(judge, request)
-            lines += ["", f"--- {where}: judge prompt ---"]
-            lines += ([f"[{m['role']}]\n{m['content']}" for m in messages] if messages is not None else
-                      ["(no prompt: the task's own judge" + (", an empty rubric" if not request.rubric.criteria
-                                                             else "") + ")"])
-    finally:
-        judge.close()
+        if (refusal := prompt_refusal(algorithm, task, config)) is not None:
+            refusals.append(refusal)
+    if ask_servers:
+        lines += _server_checks(judge, meta_verifier, task, config, refusals)
+    for example in task.train_stream(0).next_batch(rows):
+        where = f"{example.source} row {example.row}" if hasattr(example, "source") else "example"
+        for role, messages in algorithm.role_prompts(task, example, PLACEHOLDER_RESPONSE).items():
+            text, count = _rendered_prompt(tokenizer, messages, kwargs)
+            lines += ["", f"--- {where}: {role} prompt ({count} tokens) ---", text]
+        request = JudgeRequest(task.question(example), PLACEHOLDER_RESPONSE, task.rubric(example),
+                               task.reference(example), None, tuple(task.prompt(example)))
+        messages = _judge_prompt(judge, request)
+        lines += ["", f"--- {where}: judge prompt ---"]
+        lines += ([f"[{m['role']}]\n{m['content']}" for m in messages] if messages is not None else
+                  ["(no prompt: the task's own judge" + (", an empty rubric" if not request.rubric.criteria
+                                                         else "") + ")"])
     return "\n".join(lines) + "\n"
 
 
@@ -212,23 +241,34 @@ def _penalty_lines(algorithm: Any, task: Any) -> list[str]:
     return lines
 
 
+def _server_checks(judge: Judge, meta_verifier: Any, task: Any, config: RLConfig, refusals: list[str]) -> list[str]:
+    """A line per LLM role's preflight (`rl.llm_preflights`): what was asked, whether the answer parsed, the raw
+    answer; each failure is also added to `refusals`."""
+    try:
+        answers = llm_preflights(judge, meta_verifier, task, config.judge.format)
+    except PreflightFailed as error:
+        refusals.append(str(error))
+        return [f"server check: {error}"]
+    lines = []
+    for answer in answers:
+        lines.append(f"{answer.section} check: {answer.asked}: {answer.verdict}; raw answer: {answer.shown}")
+        try:
+            require_parsed(answer)
+        except PreflightFailed as error:
+            refusals.append(str(error))
+    return lines
+
+
 def _prompt_lengths(algorithm: Any, task: Any, tokenizer: Any, chat_template_kwargs: Mapping[str, Any],
                     cap: Optional[int]) -> list[str]:
     """A line per role on its prompts' token lengths over the training rows: the longest (and where), and how
     many exceed the rollout's cap, which truncates them (`rollout.max_prompt_tokens`)."""
-    from rubric_jax.models.tokenizer import apply_chat_template  # noqa: PLC0415
-
-    rows = int(task.data_metrics()["data/train_rows"])
-    stream = task.train_stream(0)
     longest: dict[str, tuple[int, str]] = {}
     over: collections.Counter = collections.Counter()
-    for start in range(0, rows, 256):
-        for example in stream.next_batch(min(256, rows - start)):
-            for role, messages in algorithm.role_prompts(task, example, PLACEHOLDER_RESPONSE).items():
-                length = len(apply_chat_template(tokenizer, messages, template_kwargs=chat_template_kwargs))
-                if length > longest.get(role, (0, ""))[0]:
-                    longest[role] = length, f"{example.source} row {example.row}"
-                over[role] += cap is not None and length > cap
+    for role, length, example in prompt_lengths(algorithm, task, tokenizer, chat_template_kwargs):
+        if length > longest.get(role, (0, ""))[0]:
+            longest[role] = length, f"{example.source} row {example.row}"
+        over[role] += cap is not None and length > cap
     capped = "; {} over rollout.max_prompt_tokens ({}), which cuts them"
     return [f"{role} prompts: the longest has {length} tokens ({where})"
             + (capped.format(over[role], cap) if cap is not None else "") for role, (length, where) in longest.items()]

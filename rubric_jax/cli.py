@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import NoReturn, Optional, Sequence
 
 from rubric_jax import strict_json
+from rubric_jax.judges.preflight import PreflightFailed
 from rubric_jax.training.run_config import (
     EvalConfig, JudgeConfig, QuickstartConfig, RLConfig, SFTConfig, resolve_algorithm)
 from rubric_jax.yaml_config import apply_overrides, config_from_dict, load_config
@@ -35,7 +36,9 @@ commands:
   sft         supervised fine-tuning on a task's reference solutions (the cold start of step-format recipes)
   eval        held-out accuracy (avg@k, pass@k) and rubric satisfaction of a saved model, on a task or a dataset
               (a preset over a file, or a run config's task and judge), with a JSON and markdown report
-  validate    check a run config and its dataset without training: rows used and skipped, the first prompts
+  validate    check a run config and its dataset without training: rows used and skipped, what train would refuse
+              at launch (a prompt longer than the model's context, by dataset row), one real request to each LLM
+              judge and meta-verifier (its raw answer and whether it parses), the first prompts
   synthesize  build a rubric dataset with an LLM from documents or questions (the papers' pipelines: rubric-grounded,
               RGR-GRPO, Rubrics as Rewards), resumable, in the layout a dataset preset reads, with a corpus summary
   judge-agreement
@@ -138,8 +141,13 @@ def build_parser() -> argparse.ArgumentParser:
                                        "as a Hugging Face directory output_dir/model")
     validate = _config_command(subparsers, "validate", "check an RL config and its dataset without training: the "
                                                        "config, every row of the dataset, the recipe's max_items, "
-                                                       "the judge; prints the first rows' policy and judge prompts")
+                                                       "every prompt against the model's context, one real request "
+                                                       "to each LLM judge and meta-verifier (the raw answer and "
+                                                       "whether it parses); prints the first rows' policy and judge "
+                                                       "prompts; exits 1 when train would refuse to start")
     validate.add_argument("--rows", type=_positive_int, default=2, help="rows whose prompts are shown (default 2)")
+    validate.add_argument("--offline", action="store_true",
+                          help="send the LLM judge and meta-verifier nothing (check the config and the data only)")
     synthesize = _config_command(
         subparsers, "synthesize", "rubric synthesis from a YAML config (configs/synthesize_*.yaml): every input row "
                                   "through the pipeline's LLM stages into output_dir/<split>.jsonl, with a summary; "
@@ -281,7 +289,7 @@ def _checked_config(args):
 
         config = _load(synthesis.SynthesisConfig, args.config, args.overrides)
         _check_writable_directory(config.output_dir)
-        return synthesis.plan_synthesis(config)
+        return synthesis.plan_synthesis(config, check_generator=True)
     else:
         config = _eval_plan(args)
         _check_model_directory(args.model)
@@ -365,15 +373,15 @@ def _command(args) -> int:
         if args.command == "eval":
             judge = _eval_judge(config.judge, task, args)
         elif args.command == "validate":
-            from rubric_jax.benchmark import validation_report  # noqa: PLC0415
-
-            print(validation_report(config, task, _validation_tokenizer(config, task), args.rows), end="")
-            return 0
+            return _validate(config, task, args)
         elif args.command != "synthesize":
             _check_writable_directory(config.output_dir, "output_dir")
     except (ValueError, OSError) as error:
         print(f"rubric-jax {args.command}: {_one_line(error)}", file=sys.stderr)
         return 2
+    except PreflightFailed as error:  # the synthesis generator's server cannot do the work
+        print(f"rubric-jax {args.command}: {_one_line(error)}", file=sys.stderr)
+        return 1
 
     if args.command == "synthesize":
         return _synthesize(config, progress=not args.no_progress)
@@ -419,6 +427,22 @@ def _command(args) -> int:
     return 0
 
 
+def _validate(config, task, args) -> int:
+    """Prints `rubric-jax validate`'s report; what train would refuse at launch, a line each on stderr, exits 1."""
+    from rubric_jax.benchmark import validation_report  # noqa: PLC0415
+    from rubric_jax.training.runs import RunStopped  # noqa: PLC0415
+
+    try:
+        report, refusals = validation_report(config, task, _validation_tokenizer(config, task), args.rows,
+                                             ask_servers=not args.offline)
+    except RunStopped as error:  # a judge's API key that is not set
+        report, refusals = "", [str(error)]
+    print(report, end="")
+    for refusal in refusals:
+        print(f"rubric-jax validate: {_one_line(refusal)}", file=sys.stderr)
+    return 1 if refusals else 0
+
+
 def _checked_task(args, config):
     from rubric_jax.data.tasks import build_task  # noqa: PLC0415  (imports transformers: after the cheap checks)
 
@@ -452,12 +476,10 @@ def _synthesize(plan, *, progress: bool) -> int:
 
 def _eval_judge(config: JudgeConfig, task, args):
     """The judge of `rubric-jax eval`, and its recipes checked; ValueError naming the flags to set, or the judge's
-    URL when its server does not answer or refuses the credentials (`training.rl.probe_chat_server`)."""
+    URL when its server does not answer or refuses the credentials (`judges.preflight.served_models`)."""
     from rubric_jax.algorithms.registry import eval_metrics_fn  # noqa: PLC0415
+    from rubric_jax.judges.preflight import served_models  # noqa: PLC0415
     from rubric_jax.training.rl import make_judge  # noqa: PLC0415
-
-    from rubric_jax.training.rl import probe_chat_server  # noqa: PLC0415
-    from rubric_jax.training.runs import RunStopped  # noqa: PLC0415
 
     for recipe in args.recipe:
         eval_metrics_fn(recipe)
@@ -467,8 +489,8 @@ def _eval_judge(config: JudgeConfig, task, args):
         raise ValueError(f"{error} (on the command line: --judge-url, --judge-model, --judge-format)") from None
     if config.kind == "llm":  # a server that does not answer is refused before any sampling, as train's is
         try:
-            probe_chat_server(judge.chat, "judge")
-        except RunStopped as error:
+            served_models(judge.chat, "judge")
+        except PreflightFailed as error:
             judge.close()
             raise ValueError(f"{error} (on the command line: --judge-url)") from None
     return judge
@@ -603,6 +625,9 @@ def _judge_agreement(args) -> int:
     except (ValueError, OSError) as error:
         print(f"rubric-jax {args.command}: {_one_line(error)}", file=sys.stderr)
         return 2
+    except PreflightFailed as error:  # the synthesis generator's server cannot do the work
+        print(f"rubric-jax {args.command}: {_one_line(error)}", file=sys.stderr)
+        return 1
     from rubric_jax.judges import agreement  # noqa: PLC0415
 
     report = agreement.measure_agreement(items, a, b, probes,

@@ -74,7 +74,7 @@ def test_validate_passes_on_every_preset(preset, tmp_path, capsys):
               "judge": {"kind": "llm", "url": "http://127.0.0.1:1", "model": "judge", "format": "rating"} if rubric
               else {"kind": "task"}}
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(config))
-    assert cli.main(["validate", str(tmp_path / "run.yaml"), "--rows", "1"]) == 0
+    assert cli.main(["validate", str(tmp_path / "run.yaml"), "--rows", "1", "--offline"]) == 0
     out = capsys.readouterr().out
     assert "\ndata: " in out and "policy prompt (" in out and "judge prompt ---" in out
 
@@ -86,7 +86,7 @@ def test_validate_passes_on_every_preset(preset, tmp_path, capsys):
 ])
 def test_validate_renders_each_role_as_the_recipe_prompts_it(config, roles, text, capsys, monkeypatch):
     monkeypatch.chdir(ROOT)  # the configs name their fixture relative to the repository root
-    assert cli.main(["validate", f"configs/{config}", "--rows", "1"]) == 0
+    assert cli.main(["validate", f"configs/{config}", "--rows", "1", "--offline"]) == 0
     out = capsys.readouterr().out
     assert [line.split(" prompts:")[0] for line in out.splitlines() if " prompts: the longest" in line] == roles
     assert all(f": {role} prompt (" in out for role in roles) and text in out
@@ -130,7 +130,7 @@ def test_validate_says_what_the_score_does_with_the_datas_penalties(score, effec
               "algorithm": {"name": "rar", "params": params},
               "judge": {"kind": "llm", "url": "http://127.0.0.1:1", "model": "judge", "format": "healthbench"}}
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(config))
-    assert cli.main(["validate", str(tmp_path / "run.yaml"), "--rows", "1"]) == 0
+    assert cli.main(["validate", str(tmp_path / "run.yaml"), "--rows", "1", "--offline"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert any(line.startswith(f"rubrics: 3 criteria with a negative weight: {effect}") for line in lines)
     assert "rubrics: 1 rows with no positive weight: a weighted score (positive points, weighted fraction) gives " \

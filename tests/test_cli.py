@@ -45,7 +45,7 @@ def test_sft_then_eval_from_the_command_line(tmp_path, capsys):
 
 
 def test_validate_reports_the_rows_and_renders_the_first_prompts(capsys):
-    assert cli.main(["validate", *DATASET_RL, "--rows", "1"]) == 0
+    assert cli.main(["validate", *DATASET_RL, "--rows", "1", "--offline"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("config: algorithm rar, task dataset, judge llm (rating at http://127.0.0.1:1, model judge)\n"
                           "data: 2 training rows, 0 held out, none skipped; longest rubric 3 items\n")

@@ -33,7 +33,7 @@ def test_the_own_data_example_validates(tmp_path, capsys):
     config = tmp_path / "my_data.yaml"
     config.write_text(blocks["yaml"][0], encoding="utf-8")
     assert cli.main(["validate", str(config), f"task.params.path={rows}", "task.params.eval_size=1",
-                     "model={init: {max_position_embeddings: 4096}}", "--rows", "1"]) == 0
+                     "model={init: {max_position_embeddings: 4096}}", "--rows", "1", "--offline"]) == 0
     out = capsys.readouterr().out
     assert "data: 2 training rows, 1 held out, none skipped; longest rubric 2 items" in out
     assert "My knee hurts after running." in out and "[user]\n" in out  # the policy's and the judge's prompts

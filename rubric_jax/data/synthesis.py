@@ -56,6 +56,7 @@ from rubric_jax import strict_json
 from rubric_jax.data import tasks
 from rubric_jax.data.dataset import Record
 from rubric_jax.inference.http import RequestFailed
+from rubric_jax.judges import preflight
 from rubric_jax.judges.llm import ChatClient, ChatSettings, chat_client, check_credentials, request_headers
 from rubric_jax.rubrics import parsing, prompts
 from rubric_jax.rubrics import synthesis as schemas
@@ -555,9 +556,43 @@ class SynthesisPlan:
     duplicates: int
 
 
-def plan_synthesis(config: SynthesisConfig) -> SynthesisPlan:
+def preflight_request(config: SynthesisConfig, params: Any, source: Source
+                      ) -> tuple[str, prompts.Messages, type]:
+    """(stage, messages, answer model) of the first structured stage call the pipeline makes for `source`: the
+    grounded pipeline's document analysis; the rgr and rar pipelines' rubric, shown the source's reference answer
+    (a stand-in naming its gold answer when it has none: the run generates one first)."""
+    record = source.record
+    if config.pipeline == "grounded":
+        shown = record.question if params.max_document_chars is None else record.question[:params.max_document_chars]
+        return "analysis", prompts.document_analysis_prompt(shown), schemas.DocumentAnalysis
+    reference = record.reference or f"The answer is \\boxed{{{record.answer}}}."
+    if config.pipeline == "rgr":
+        return "rubric", prompts.rgr_rubric_synthesis_prompt(record.question, reference), schemas.RGRRubricOutput
+    messages = prompts.rar_rubric_generation_prompt(record.question, reference, min_items=params.min_criteria,
+                                                    max_items=params.max_criteria)
+    return "rubric", messages, schemas.RaRRubricOutput
+
+
+def preflight_generator(config: SynthesisConfig, params: Any, source: Source) -> None:
+    """The generator's preflight (`judges.preflight`): one real stage request shaped like `source`'s
+    (`preflight_request`), with the seed the run's first attempt uses, validated by the stage's pydantic model.
+    PreflightFailed (one line, with the raw answer) unless the server answers and the answer validates."""
+    stage, messages, model = preflight_request(config, params, source)
+    chat = make_chat(config.generator, config.seed)
+    try:
+        preflight.require_parsed(preflight.preflight(
+            chat, "generator", f"a {config.pipeline} pipeline's {stage} request ({source.record.source} row "
+            f"{source.record.row})", messages, model.model_json_schema(),
+            lambda text: parsing.parse_structured(text, model), seed=_stage_seed(config.seed, source.hash, stage, 0)))
+    finally:
+        chat.http.close()
+
+
+def plan_synthesis(config: SynthesisConfig, *, check_generator: bool = False) -> SynthesisPlan:
     """Every check that needs no server: the params, the input (read through task "dataset", every row checked)
-    and its columns, and the output directory's manifest (written when new). ValueError naming the problem."""
+    and its columns, and the output directory's manifest (written when new). ValueError naming the problem.
+    With `check_generator` (`rubric-jax synthesize`), the generator's preflight on the first source before the
+    manifest is written (`preflight_generator`): PreflightFailed when its server cannot do the work."""
     params = config.pipeline_params()
     task = tasks.build_task("dataset", config.input, config.seed)
     _check_input(config, params, task)
@@ -569,6 +604,8 @@ def plan_synthesis(config: SynthesisConfig) -> SynthesisPlan:
             continue
         seen.add(source_hash)
         sources.append(Source(record, source_hash))
+    if check_generator and sources:
+        preflight_generator(config, params, sources[0])
     check_manifest(Path(config.output_dir), config)
     return SynthesisPlan(config, params, task, tuple(sources), duplicates)
 

@@ -52,14 +52,13 @@ batch), the judged-rollout files (its share) and the final model; each process k
 import concurrent.futures
 import contextlib
 import dataclasses
-import json
 import logging
 import os
 import pickle
 import re
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Mapping, Optional
 
 import jax
 import numpy as np
@@ -68,15 +67,18 @@ from rubric_jax.algorithms.base import Experience, RolloutContext, summary_stats
 from rubric_jax.algorithms.registry import algorithm_class
 from rubric_jax.inference.embedded import EmbeddedEngine
 from rubric_jax.inference.engine import RolloutEngine, SamplingParams
-from rubric_jax.inference.http import RequestFailed
-from rubric_jax.judges import llm
-from rubric_jax.judges.base import Judge
+from rubric_jax.inference.http import ClientStats
+from rubric_jax.judges import llm, preflight
+from rubric_jax.judges.base import Judge, JudgeRequest
 from rubric_jax.judges.records import FirstJudged, JudgedRollout, RecordingJudge, write_judged_rollouts
 from rubric_jax.core import value as core_value
 from rubric_jax.core.advantages import whiten_tokens
 from rubric_jax.core.rewards import weighted_fraction
 from rubric_jax.models import sharding, train_step
 from rubric_jax.models.value import make_value_train_step, make_values_fn
+from rubric_jax.rubrics import parsing, prompts
+from rubric_jax.rubrics.schema import Criterion, Rubric
+from rubric_jax.rubrics.steps import split_steps
 from rubric_jax.training import data_parallel, policy, runs
 from rubric_jax.training.runs import RunStopped
 from rubric_jax.training.evaluate import evaluate
@@ -238,10 +240,6 @@ def make_frozen_engine(config: RLConfig, initial_model, tokenizer) -> RolloutEng
     return make_engine(frozen, initial_model, tokenizer, "initial")
 
 
-# Long enough for a loaded server to list its models, short enough that a wrong URL is reported at once.
-PROBE_TIMEOUT_S = 30.0
-
-
 def auth_headers(config: JudgeConfig | MetaVerifierConfig, section: str) -> dict[str, str]:
     """The headers of an LLM section (`llm.request_headers`); RunStopped when its key's variable is unset."""
     try:
@@ -260,29 +258,130 @@ def _chat_client(config: JudgeConfig | MetaVerifierConfig, seed: int, section: s
                            timeout_s=config.timeout_s)
 
 
-def probe_chat_server(chat: llm.ChatClient, section: str) -> None:
-    """Asks an LLM role's server for its models (GET /v1/models, OpenAI's listing) before any work. RunStopped
-    naming the URL when nothing answers, or when the server refuses the credentials (401, 403); a warning when it
-    lists models and the configured one is not among them (SGLang answers under any name, others refuse). Any
-    other answer (a server without the listing) passes: the failure budget covers the rest."""
-    http = chat.http
+# The response a launch's preflight request shows the judge when the example has no reference answer to show.
+STAND_IN_RESPONSE = "I am not sure; I would need more information to answer."
+# The policy's response in the prompts whose lengths a launch checks and which `rubric-jax validate` renders.
+PLACEHOLDER_RESPONSE = "(the policy's response)"
+# The criterion a preflight judges when the first example's rubric is empty (a recipe that generates its rubrics).
+STAND_IN_CRITERION = Criterion("The response answers the question that was asked.")
+
+
+def preflight_request(task: Any, example: Any) -> JudgeRequest:
+    """The judge request of `example` as a run builds it (`algorithms.base.judge_rollouts`), with a stand-in
+    response: the example's reference answer (`reference`, else the task's reference) when it has one, else
+    STAND_IN_RESPONSE; an empty rubric is given STAND_IN_CRITERION."""
+    reference = task.reference(example)
+    response = getattr(example, "reference", None) or reference or STAND_IN_RESPONSE
+    rubric = task.rubric(example)
+    return JudgeRequest(question=task.question(example), response=response,
+                        rubric=rubric if rubric.criteria else Rubric((STAND_IN_CRITERION,)), reference=reference,
+                        num_steps=len(split_steps(response)), conversation=tuple(task.prompt(example)))
+
+
+def _example_name(example: Any) -> str:
+    """Where a dataset example comes from ("<file> row <n> (id <id>)"); "the first example" for other tasks."""
+    if not hasattr(example, "source"):
+        return "the first example"
+    return f"{example.source} row {example.row}" + (f" (id {example.id})" if getattr(example, "id", None) else "")
+
+
+def llm_preflights(judge: Optional[Judge], meta_verifier: Optional[llm.LLMMetaVerifier], task: Any,
+                   judge_format: str) -> list[preflight.PreflightAnswer]:
+    """One preflight answer (`judges.preflight`) per LLM role, from the task's first training example: an LLM
+    judge's (one request in its format `judge_format` for `preflight_request`; a per-criterion judge's for the
+    first criterion) and the meta-verifier's (the first criterion against the rest of the rubric). A judge that
+    is not an LLM judge is skipped. PreflightFailed when a server does not answer or refuses the model name."""
+    if not isinstance(judge, (llm.RolloutLLMJudge, llm.CriterionLLMJudge)) and meta_verifier is None:
+        return []
+    example = task.train_stream(0).next_batch(1)[0]
+    request, where = preflight_request(task, example), _example_name(example)
+    answers = []
+    if isinstance(judge, llm.RolloutLLMJudge):
+        fmt = judge.fmt
+        answers.append(preflight.preflight(
+            judge.chat, "judge", f"a judge.format {judge_format} request ({where})", fmt.messages(request),
+            fmt.schema(request), lambda text: fmt.parse(text, request)))
+    elif isinstance(judge, llm.CriterionLLMJudge):
+        fmt = judge.fmt
+        answers.append(preflight.preflight(
+            judge.chat, "judge", f"a judge.format {judge_format} request (criterion 1 of {where})",
+            fmt.messages(request, 0), fmt.schema(), fmt.parse))
+    if meta_verifier is not None:
+        target, *existing = request.rubric.criteria
+        answers.append(preflight.preflight(
+            meta_verifier.chat, "meta_verifier", f"a meta-verifier request (criterion 1 of {where})",
+            prompts.meta_verifier_prompt(request.question, target, existing, domain=meta_verifier.domain),
+            meta_verifier.schema, lambda text: parsing.parse_meta_verdict(text, categories=meta_verifier.categories)))
+    return answers
+
+
+def check_llm_roles(judge: Optional[Judge], meta_verifier: Optional[llm.LLMMetaVerifier], task: Any,
+                    judge_format: str) -> None:
+    """A launch's preflight (`llm_preflights`): RunStopped with one line (the raw answer and the parser's reason)
+    unless every LLM role's server answers and its answer parses. The preflight requests are not the run's: the
+    clients' request counts start again after them (the response-format dialect found is kept)."""
     try:
-        status, body = http.run_sync(http.probe("/v1/models", min(PROBE_TIMEOUT_S, http.retry.timeout_s)))
-    except RequestFailed as error:
-        raise RunStopped(f"{section}.url {http.base_url} does not answer ({error.reason}: {error.detail}): start "
-                         "the server or correct the URL") from None
-    if status in (401, 403):
-        raise RunStopped(f"{section}.url {http.base_url} refused the credentials (HTTP {status}): set "
-                         f"{section}.api_key_env to the environment variable holding the key, or {section}.headers")
-    if status != 200:
+        for answer in llm_preflights(judge, meta_verifier, task, judge_format):
+            preflight.require_parsed(answer)
+    except preflight.PreflightFailed as error:
+        raise RunStopped(str(error)) from None
+    for client in (judge, meta_verifier):
+        if isinstance(client, (llm.RolloutLLMJudge, llm.CriterionLLMJudge, llm.LLMMetaVerifier)):
+            client.chat.http.stats = ClientStats()
+
+
+def prompt_lengths(algorithm: Any, task: Any, tokenizer: Any, chat_template_kwargs: Mapping[str, Any]
+                   ) -> Iterator[tuple[str, int, Any]]:
+    """(role, tokens, example) for each role's prompt (the recipe's `role_prompts`, PLACEHOLDER_RESPONSE for the
+    policy's response) of every training row of a dataset task, in the stream's order; nothing for a task
+    without a finite row count (`data_metrics`)."""
+    from rubric_jax.models.tokenizer import apply_chat_template  # noqa: PLC0415
+
+    if not hasattr(task, "data_metrics"):
         return
-    try:
-        served = [entry["id"] for entry in json.loads(body)["data"]]
-    except (ValueError, KeyError, TypeError):
-        return
-    if served and chat.settings.model not in served:
-        _LOG.warning("%s.model %r is not among the models %s serves: %s", section, chat.settings.model,
-                     http.base_url, ", ".join(map(str, served[:10])))
+    rows = int(task.data_metrics()["data/train_rows"])
+    stream = task.train_stream(0)
+    for start in range(0, rows, 256):
+        for example in stream.next_batch(min(256, rows - start)):
+            for role, messages in algorithm.role_prompts(task, example, PLACEHOLDER_RESPONSE).items():
+                yield role, len(apply_chat_template(tokenizer, messages, template_kwargs=chat_template_kwargs)), example
+
+
+def context_length(model: Any, task: Any) -> tuple[Any, int]:
+    """(tokenizer, max_position_embeddings) of the policy `model` (a `ModelSpec`) would build, read without
+    building it."""
+    if model.path is None:
+        return task.tokenizer(), model.init.max_position_embeddings
+    from rubric_jax.models.config import ModelConfig  # noqa: PLC0415
+    from rubric_jax.models.tokenizer import load_tokenizer  # noqa: PLC0415
+
+    return load_tokenizer(model.path), ModelConfig.from_pretrained(model.path).max_position_embeddings
+
+
+def prompt_refusal(algorithm: Any, task: Any, config: RLConfig, model: Any = None, tokenizer: Any = None
+                   ) -> Optional[str]:
+    """Why the run cannot sample some dataset row's prompt, naming the row (its file, row number and id), or
+    None: a prompt over `rollout.max_prompt_tokens` under prompt_truncation "error", or one (after the cap's
+    cut) of the model's max_position_embeddings tokens or more, which leaves no room for a response (the embedded
+    sampler refuses it; a server cuts the response to nothing). A role whose prompt shows the policy's response
+    is measured with PLACEHOLDER_RESPONSE, so a longer response can still overflow at run time. The policy is
+    `config.model`'s (`context_length`), or `model` with `tokenizer` when given."""
+    if model is None:
+        tokenizer, max_positions = context_length(config.model, task)
+    else:
+        max_positions = model.config.max_position_embeddings
+    rollout = config.rollout
+    cap, mode = rollout.max_prompt_tokens, rollout.prompt_truncation
+    for role, length, example in prompt_lengths(algorithm, task, tokenizer, config.model.chat_template_kwargs):
+        where = _example_name(example)
+        if cap is not None and length > cap and mode == "error":
+            return (f"{where}: its {role} prompt has {length} tokens, more than rollout.max_prompt_tokens ({cap}), "
+                    "and rollout.prompt_truncation is error: shorten or drop the row, or choose another truncation")
+        if min(length, cap or length) >= max_positions:
+            return (f"{where}: its {role} prompt has {length} tokens, and the model's max_position_embeddings is "
+                    f"{max_positions}, which leaves no room for a response: shorten or drop the row, or set "
+                    "rollout.max_prompt_tokens to cut long prompts")
+    return None
 
 
 class JudgeFailureBudget:
@@ -473,31 +572,41 @@ def check_rubric_width(algorithm_config: Any, task: Any) -> None:
                          f"({max_items}): raise max_items")
 
 
+def check_frozen_engine(algorithm: Any, config: RLConfig) -> None:
+    """ValueError when the recipe samples a role from the frozen initial policy and the SGLang rollout has no
+    server for it (`rollout.frozen_sglang_url`)."""
+    rollout = config.rollout
+    if algorithm.needs_frozen_engine and rollout.engine == "sglang" and rollout.frozen_sglang_url is None:
+        raise ValueError(f"{config.algorithm.name} samples a role from the frozen initial policy: set "
+                         "rollout.frozen_sglang_url to a second SGLang server")
+
+
 def train_rl(config: RLConfig, task: Any, *, judge=None, model=None, tokenizer=None) -> dict[str, float]:
     """Runs (or resumes) the RL run `config` on `task` (a `rubric_jax.data.tasks` task); the judge defaults to
     `config.judge`'s (`make_judge`: the task's own, or an LLM judge over HTTP, closed at the end), the model and
     tokenizer to `policy.build_policy(config.model)`; an LLM meta-verifier (`make_meta_verifier`, meta_verifier
     kind llm) reaches the recipe in its context and is closed at the end. Returns the last step's metrics. Writes
     config.yaml, metrics.jsonl, tensorboard/, checkpoints/, plots/, the final policy as a Hugging Face directory
-    model/ and, with `rollout_log.every_steps`, the judged rollouts rollouts/step_<n>.jsonl under output_dir."""
+    model/ and, with `rollout_log.every_steps`, the judged rollouts rollouts/step_<n>.jsonl under output_dir.
+    Before writing anything it refuses (RunStopped, one line) a dataset row whose prompt the model cannot sample
+    (`prompt_refusal`) and an LLM judge or meta-verifier whose server cannot do the work (`check_llm_roles`: one
+    real request each, its answer read by the role's parser)."""
     sharding.maybe_initialize_distributed()  # a multi-process job (docs/multihost.md), before any computation
     algorithm_config, config = resolve_algorithm(config)
     check_rubric_width(algorithm_config, task)
     algorithm = algorithm_class(config.algorithm.name)(algorithm_config)
     data_parallel.check_recipe(algorithm)
     rollout = config.rollout
-    if algorithm.needs_frozen_engine and rollout.engine == "sglang" and rollout.frozen_sglang_url is None:
-        raise ValueError(f"{config.algorithm.name} samples a role from the frozen initial policy: set "
-                         "rollout.frozen_sglang_url to a second SGLang server")
+    check_frozen_engine(algorithm, config)
     judge_owned = judge is None
     judge = judge if judge is not None else make_judge(config.judge, task, config.seed)
     meta_verifier = make_meta_verifier(config.meta_verifier, config.seed)
-    # Before anything is written: a server that cannot be reached stops the launch with nothing changed on disk.
+    # Before anything is written: a prompt the model cannot sample, or a server that cannot be reached or whose
+    # answers do not parse, stops the launch with nothing changed on disk.
     try:
-        if judge_owned and config.judge.kind == "llm":
-            probe_chat_server(judge.chat, "judge")
-        if meta_verifier is not None:
-            probe_chat_server(meta_verifier.chat, "meta_verifier")
+        if (refusal := prompt_refusal(algorithm, task, config, model, tokenizer)) is not None:
+            raise RunStopped(refusal)
+        check_llm_roles(judge if judge_owned else None, meta_verifier, task, config.judge.format)
         runs.check_relaunch(Path(config.output_dir), config)
     except RunStopped:
         for client in ([judge] if judge_owned else []) + ([meta_verifier] if meta_verifier is not None else []):

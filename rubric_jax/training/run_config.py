@@ -328,8 +328,9 @@ class JudgeConfig:
 
     Authentication: `api_key_env`, the name of an environment variable whose value is sent as
     "Authorization: Bearer <value>" (the key never enters the config, config.yaml or the logs), and `headers`,
-    sent with every request. Health: a run probes the server before step 1 and stops (exit 1, one line) when it does
-    not answer or refuses the credentials; it stops the same way when "judge/failure_rate" exceeds
+    sent with every request. Health: before step 1 a run sends the server one real request (`judges.preflight`)
+    and stops (exit 1, one line) when it does not answer, refuses the credentials or a `model` it does not list,
+    or answers what does not parse in `format`; it stops the same way when "judge/failure_rate" exceeds
     `max_failure_rate` on `max_failing_steps` consecutive steps (a run whose rewards are judge failures cannot
     learn). `max_failure_rate: 1.0` turns that off."""
 
@@ -366,7 +367,7 @@ class MetaVerifierConfig:
     `domain` ("medical": Table 6, "writing_science": Table 7), one call per proposed criterion
     (`judges.llm.LLMMetaVerifier`). The decoding (`temperature`, `max_tokens`), the HTTP fields
     (`max_in_flight`, `max_attempts`, `timeout_s`) and the authentication (`api_key_env`, `headers`) are
-    `JudgeConfig`'s; its server is probed before step 1 as the judge's is."""
+    `JudgeConfig`'s; its server gets a preflight request before step 1 as the judge's does."""
 
     kind: Literal["task", "llm"] = "task"
     url: Optional[str] = None

@@ -3,7 +3,6 @@ rows of batches with different prompt and response widths; the trainer's row pad
 `sample_groups` (verl's truncation modes by hand and as properties, what the engine and the learner receive, the
 counts in the metrics)."""
 
-import collections
 import dataclasses
 import json
 import math

@@ -11,6 +11,7 @@ policy, grader and LLM meta-verifier over HTTP (the meta-verifier client itself:
 import collections
 import dataclasses
 import hashlib
+import itertools
 import json
 import math
 import re
@@ -820,8 +821,16 @@ def test_an_evorubric_step_on_a_dataset_task_runs_every_role_over_http(tmp_path)
     archived; each of the 4 responses is graded on 2 expert + 3 verified criteria."""
     task = healthbench_task()
     script = ScriptedPolicy(task.tokenizer(), served_reply, EOS)
-    with StandinServer(script, tokenizer=task.tokenizer(), responder=served_chat) as server:
-        server.inject(http_error(503, CHAT_PATH))
+    answered = itertools.count()
+
+    def respond(messages) -> str:
+        # The launch's preflight asks the judge and the meta-verifier once each; then the run's first call (a
+        # meta-verifier's) meets a 503.
+        if next(answered) == 1:
+            server.inject(http_error(503, CHAT_PATH))
+        return served_chat(messages)
+
+    with StandinServer(script, tokenizer=task.tokenizer(), responder=respond) as server:
         params = {"generator_format": "paper", "generator_group_size": 2, "generator_max_new_tokens": 160,
                   "responses_shown": 2, "shown_response_max_tokens": 16, "max_proposed": 4}
         config = RLConfig(
@@ -842,7 +851,7 @@ def test_an_evorubric_step_on_a_dataset_task_runs_every_role_over_http(tmp_path)
 
     assert generate_requests == 2 and script.updates == ["step-0", "step-1"]  # one call per role; two syncs
     assert sum(TABLE_5_OPENING in prompt for prompt in script.prompts) == 2 and len(script.prompts) == 4
-    assert chat_models == {"meta": 2 * 4, "judge": 2 * 4 * (2 + 3)}
+    assert chat_models == {"meta": 2 * 4 + 1, "judge": 2 * 4 * (2 + 3) + 1}  # and each one's preflight
     assert last["meta_verifier/requests"] == 8 and last["meta_verifier/retries"] == 1
     assert last["meta_verifier/request_failures"] == 0 and last["judge/requests"] == 40
     assert last["judge/retries"] == 0 and last["judge/failure_rate"] == 0

@@ -17,6 +17,7 @@ decoding answers them the same again) and the format's parser reads the answers.
 
 import collections
 import contextlib
+import json
 import logging
 from pathlib import Path
 
@@ -35,7 +36,10 @@ from rubric_jax.judges.llm import (
     rating_format,
     srar_format,
 )
+from rubric_jax import cli
 from rubric_jax.data import synthesis
+from rubric_jax.judges import preflight
+from rubric_jax.rubrics import parsing
 from rubric_jax.training import rl
 from rubric_jax.training.run_config import JudgeConfig
 from rubric_jax.yaml_config import load_config
@@ -127,18 +131,34 @@ def test_what_the_grammar_cannot_enforce_fails_in_the_parser_and_counts_as_a_vio
     assert judge.format_metrics() == {"response_format": 2.0, "dialect_changes": 0.0, "schema_violations": n}
 
 
-def test_the_probe_passes_and_the_server_answers_under_any_model_name(make_chat, llama_server, caplog):
-    """GET /v1/models lists the server's alias: the probe passes quietly under it, warns under another name
-    (llama-server, like SGLang, serves its one model under any), and a judgement under that name is answered."""
+def test_the_preflight_passes_and_the_server_answers_under_any_model_name(make_chat, llama_server, caplog):
+    """GET /v1/models lists the server's alias: the preflight of a rating judge passes quietly under it, and under
+    another name (llama-server, like SGLang, serves its one model under any) the server answers, so it passes with
+    a warning; under the schema the answer parses."""
+    fmt, request = rating_format(), rgr_requests()[0]
     with caplog.at_level(logging.WARNING):
-        rl.probe_chat_server(make_chat(), "judge")
-        assert caplog.records == []
-        other = make_chat(model="judge-model")
-        rl.probe_chat_server(other, "judge")
+        answer = preflight.preflight(make_chat(), "judge", "a rating request", fmt.messages(request, 0), fmt.schema(),
+                                     fmt.parse)
+        assert caplog.records == [] and answer.ok and preflight.require_parsed(answer) is answer
+        other = preflight.preflight(make_chat(model="judge-model"), "judge", "a rating request",
+                                    fmt.messages(request, 0), fmt.schema(), fmt.parse)
     [warning] = caplog.records
-    assert f"judge.model 'judge-model' is not among the models {llama_server.base_url} serves: " \
-           f"{llama_server.model}" in warning.getMessage()
-    assert rating_format().parse(ask(other, rating_format().messages(rgr_requests()[0], 0), rating_format().schema())).ok
+    assert f"judge.model 'judge-model' is not among the models {llama_server.base_url} serves " \
+           f"({llama_server.model}), but the server answered it" in warning.getMessage()
+    assert other.ok and other.text == answer.text  # greedy: the name changes nothing
+
+
+def test_validate_asks_the_judge_and_passes_on_a_server_whose_answers_parse(llama_server, capsys):
+    """`rubric-jax validate` on the RaR fixture with this server as a rating judge: its answer, under the schema,
+    parses; exit 0, the raw answer shown."""
+    status = cli.main(["validate", str(REPO / "configs/rar_dataset_cpu.yaml"),
+                       f"task.params.path={REPO / 'tests/fixtures/datasets/rar.jsonl'}",
+                       f"judge.url={llama_server.base_url}", f"judge.model={llama_server.model}",
+                       f"judge.max_tokens={MAX_TOKENS}", "--rows", "1"])
+    out = capsys.readouterr().out
+    [line] = [line for line in out.splitlines() if line.startswith("judge check: ")]
+    assert status == 0 and "request (criterion 1 of " in line and ": parsed; raw answer: " in line
+    assert parsing.parse_rating(json.loads(line.split("raw answer: ", 1)[1])).ok
 
 
 def test_a_prompt_longer_than_the_context_fails_its_rollout_as_a_counted_400(make_chat):
@@ -173,12 +193,12 @@ def test_a_server_that_wants_a_key_is_opened_by_the_key_the_config_names(llama_g
 
         monkeypatch.setenv(KEY_ENV, "wrong-key")
         with contextlib.closing(rl.make_judge(config, None, seed=0)) as judge:
-            with pytest.raises(rl.RunStopped, match=r"refused the credentials \(HTTP 401\)"):
-                rl.probe_chat_server(judge.chat, "judge")
+            with pytest.raises(preflight.PreflightFailed, match=r"refused the credentials \(HTTP 401\)"):
+                preflight.served_models(judge.chat, "judge")
 
         monkeypatch.setenv(KEY_ENV, "secret-key")
         with contextlib.closing(rl.make_judge(config, None, seed=0)) as judge:
-            rl.probe_chat_server(judge.chat, "judge")
+            assert preflight.served_models(judge.chat, "judge") == [server.model]
             verdicts = judge.judge(rgr_requests()[:1], max_items=2)
             assert verdicts.failed_b.tolist() == [False] and judge.failures.failed == 0
             assert judge.http_stats() == ClientStats(requests=2, attempts=2)

@@ -16,6 +16,7 @@ Few requests of at most MAX_TOKENS generated tokens keep the module to seconds a
 
 import collections
 import contextlib
+import json
 import socket
 from pathlib import Path
 
@@ -36,7 +37,11 @@ from rubric_jax.judges.llm import (
     rlcer_verifier_format,
     srar_format,
 )
+from rubric_jax import cli
 from rubric_jax.data import synthesis
+from rubric_jax.data.tasks import build_task
+from rubric_jax.judges import preflight
+from rubric_jax.training import rl
 from rubric_jax.rubrics import parsing, prompts
 from rubric_jax.rubrics import synthesis as schemas
 from rubric_jax.rubrics.schema import Criterion, ItemKind, Rubric
@@ -228,3 +233,33 @@ def test_synthesis_discards_and_counts_what_a_real_server_answers(make_chat, tra
     assert summary["discards"] == dict(expected) and sum(expected.values()) == len(plan.sources) == 2
     assert summary["stage_failures"] == {key: 2 * n for key, n in expected.items()}
     assert summary["stage_calls"] == {"rubric": 4} and sum(summary["records"].values()) == 0
+
+
+def test_validate_and_train_refuse_a_judge_whose_answers_do_not_parse(transformers_server, make_chat, tmp_path,
+                                                                     capsys):
+    """`transformers serve` takes the schema and ignores it: the random model's answer to the rating judge's
+    first request (predicted by asking the server the same prompt first) is not a rating. `rubric-jax validate`
+    shows that raw answer and exits 1; `rubric-jax train` stops before step 1 with it in one line, nothing
+    written."""
+    rows = REPO / "tests/fixtures/datasets/rar.jsonl"
+    args = [str(REPO / "configs/rar_dataset_cpu.yaml"), f"task.params.path={rows}",
+            f"judge.url={transformers_server.base_url}", f"judge.model={transformers_server.model}",
+            f"judge.max_tokens={MAX_TOKENS}", f"output_dir={tmp_path / 'run'}"]
+    task = build_task("dataset", {"preset": "rar", "path": str(rows)}, 0)
+    request = rl.preflight_request(task, task.train_stream(0).next_batch(1)[0])
+    fmt = rating_format()
+    raw = ask(make_chat(max_tokens=MAX_TOKENS), fmt.messages(request, 0), fmt.schema())
+    result = fmt.parse(raw)
+    assert not result.ok
+
+    assert cli.main(["validate", *args, "--rows", "1"]) == 1
+    captured = capsys.readouterr()
+    shown = json.dumps(raw[:preflight.RAW_SHOWN_CHARS])
+    assert f": does not parse: {result.reason}" in captured.out and f"raw answer: {shown}" in captured.out
+    assert captured.err.startswith("rubric-jax validate: judge: its answer to a judge.format rating request")
+
+    assert cli.main(["train", *args]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("rubric-jax train: judge: its answer to a judge.format rating")
+    assert f"does not parse: {result.reason}" in err and shown in err
+    assert not (tmp_path / "run").exists()

@@ -185,13 +185,13 @@ def test_one_step_of_each_cpu_twin_judges_its_dataset_over_http(twin, tmp_path, 
             overrides += ["rollout.engine=sglang", f"rollout.sglang_url={server.base_url}"]
         config = load_config(RLConfig, path, overrides)
         last = train_rl(config, task)
-        bodies = list(server.chat_requests)
+        preflight, *bodies = server.chat_requests  # the launch's one request first, then the step's
         generate_requests = server.requests["/generate"]
 
     rows = task.train_stream(0).next_batch(config.rollout.prompts_per_step)  # the rows the step read
     expected = twin.requests(config, rows)
     assert expected > 0 and len(bodies) == expected
-    assert {body["model"] for body in bodies} == {config.judge.model}
+    assert {body["model"] for body in [preflight, *bodies]} == {config.judge.model}
     assert last["judge/requests"] == expected and last["judge/retries"] == 0
     assert last["judge/request_failures"] == 0 and last["judge/failure_rate"] == 0
     assert {key: last[key] for key in twin.metrics} == pytest.approx(twin.metrics)

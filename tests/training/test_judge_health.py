@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from rubric_jax import cli
+from rubric_jax.judges import preflight
 from rubric_jax.judges.base import Judge, Verdicts
 from rubric_jax.training import rl
 from rubric_jax.training.checkpoint import Checkpointer
@@ -30,23 +31,35 @@ def closed_port() -> int:
 
 
 class ModelsServer:
-    """GET /v1/models answered 200 with one model when the request carries "Authorization: Bearer KEY" (or when
-    no key is required), else 401; every request's headers are kept."""
+    """GET /v1/models answered 200 listing "served-judge" when the request carries "Authorization: Bearer KEY"
+    (or when no key is required), else 401; every request's headers are kept. POST /v1/chat/completions answers
+    `answer` under "served-judge", and under any other name only with `any_name` (as SGLang), else 404 (as
+    vLLM)."""
 
-    def __init__(self, require_key: bool):
+    def __init__(self, require_key: bool, answer: str = '{"rating": 1}', any_name: bool = False):
         seen = self.headers = []
 
         class Handler(http.server.BaseHTTPRequestHandler):
+            def reply(self, status: int, body: bytes = b""):
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
             def do_GET(self):
                 seen.append(dict(self.headers))
                 authorised = not require_key or self.headers.get("Authorization") == f"Bearer {KEY}"
                 body = json.dumps({"object": "list", "data": [{"id": "served-judge"}]}).encode()
-                self.send_response(200 if authorised else 401)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body) if authorised else 0))
-                self.end_headers()
-                if authorised:
-                    self.wfile.write(body)
+                self.reply(200, body) if authorised else self.reply(401)
+
+            def do_POST(self):
+                request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                if request["model"] != "served-judge" and not any_name:
+                    self.reply(404, json.dumps({"error": f"model {request['model']} not found"}).encode())
+                    return
+                self.reply(200, json.dumps({"choices": [{"message": {"role": "assistant", "content": answer},
+                                                         "finish_reason": "stop"}]}).encode())
 
             def log_message(self, *args):
                 pass
@@ -101,21 +114,32 @@ def test_the_key_comes_from_the_environment_and_refused_credentials_stop_the_lau
         monkeypatch.setenv("RUBRIC_JAX_TEST_KEY", KEY)
         client = rl.make_judge(judge, toy_task(), 0)
         try:
-            rl.probe_chat_server(client.chat, "judge")  # answers 200: passes
+            assert preflight.served_models(client.chat, "judge") == ["served-judge"]  # answers 200
         finally:
             client.close()
         assert server.headers[-1]["Authorization"] == f"Bearer {KEY}"
         assert server.headers[-1]["X-Project"] == "rubrics"
 
 
-def test_a_model_the_server_does_not_list_is_a_warning(caplog):
+def test_a_model_the_server_does_not_list_is_refused_unless_the_server_answers_any_name(tmp_path, caplog):
+    """A server that lists its models and refuses others (404) stops the launch naming what it serves; one that
+    answers the unlisted name (SGLang, llama-server) lets the run start with a warning."""
+    other = dataclasses.replace(llm_judge("http://x:1"), model="other-judge")
     with ModelsServer(require_key=False) as server:
-        client = rl.make_judge(dataclasses.replace(llm_judge(server.url), model="other-judge"), toy_task(), 0)
+        config = tiny_rl_config(tmp_path, judge=dataclasses.replace(other, url=server.url))
+        with pytest.raises(rl.RunStopped, match=r"judge.model 'other-judge' is not among the models "
+                                                f"{server.url} serves \\(served-judge\\) and the server refused it "
+                                                r"\(HTTP 404\): set judge.model to one of them"):
+            rl.train_rl(config, toy_task())
+        assert not (tmp_path / "run").exists()
+    with ModelsServer(require_key=False, any_name=True) as server:
+        client = rl.make_judge(dataclasses.replace(other, url=server.url), toy_task(), 0)
         try:
-            rl.probe_chat_server(client.chat, "judge")
+            rl.check_llm_roles(client, None, toy_task(), "rating")
         finally:
             client.close()
     assert "judge.model 'other-judge' is not among the models" in caplog.text and "served-judge" in caplog.text
+    assert "the server answered it" in caplog.text
 
 
 @pytest.mark.parametrize("fields, message", [

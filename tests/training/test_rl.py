@@ -3,6 +3,7 @@ checkpoints, plots and the final model; the update optimises its objective on a 
 keeps a frozen reference; several epochs, mini-batches and micro-batches run; the engine gets each step's
 weights."""
 
+import itertools
 import json
 import math
 
@@ -180,14 +181,20 @@ def test_request_metrics_report_each_steps_retries_and_failures():
 def test_an_llm_judge_from_the_config_judges_over_http_and_its_requests_are_logged(tmp_path):
 
     with StandinServer() as server:
-        # One criterion in every call: rated 1 when the response has a step header, else 0.
-        server.responder = lambda messages: json.dumps(
-            {"rating": int("### Step" in messages[-1]["content"].split("<response>")[-1])})
-        server.inject(http_error(503, "/v1/chat/completions"))
+        answered = itertools.count()
+
+        def respond(messages):
+            # One criterion in every call: rated 1 when the response has a step header, else 0. Once the launch's
+            # preflight request is answered, a 503 for the run's first request.
+            if next(answered) == 0:
+                server.inject(http_error(503, "/v1/chat/completions"))
+            return json.dumps({"rating": int("### Step" in messages[-1]["content"].split("<response>")[-1])})
+
+        server.responder = respond
         config = tiny_rl_config(tmp_path, judge=JudgeConfig(kind="llm", url=server.base_url, model="judge",
                                                             format="rating", max_attempts=3))
         last = train_rl(config, build_task("arithmetic", {}, 0))
-        calls = len(server.chat_requests)
+        calls = len(server.chat_requests) - 1  # the preflight's, not the run's
     rubric_items = sum(len(build_task("arithmetic", {}, 0).rubric(p).criteria)
                        for p in build_task("arithmetic", {}, 0).train_stream(0).next_batch(2))
     assert calls == rubric_items * 4  # every (rollout, criterion) answered once; the 503 was retried
