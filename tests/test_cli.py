@@ -2,7 +2,9 @@
 the saved model, whose JSON holds the held-out metrics; a second `sft` with the same output resumes. Each way
 each command can be given bad input ends in one line on stderr naming the problem, with status 2."""
 
+import importlib.util
 import json
+import os
 import re
 import subprocess
 import sys
@@ -11,6 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+import rubric_jax
 from rubric_jax import cli
 from rubric_jax.models.config import ModelConfig
 from tests.data.dataset_fixtures import FIXTURES
@@ -297,3 +300,27 @@ def test_ctrl_c_outside_the_training_loop_is_one_line_and_exit_130(tmp_path, mon
     monkeypatch.setattr(rl, "train_rl", interrupted)
     assert cli.main(["train", *TINY_RL, f"output_dir={tmp_path}/run"]) == 130
     assert capsys.readouterr().err == "rubric-jax train: interrupted\n"
+
+
+# What a CPU host must not see: libtpu's initialisation errors (with the test extra's libtpu installed) and
+# transformers' notice of a missing PyTorch (the base install has none).
+START_UP_NOISE = ("Failed to find host bounds", "unexpected worker hostname", "InitGoogle", "PyTorch was not found")
+
+
+@pytest.mark.skipif(rubric_jax.accelerator_attached(), reason="a host with an accelerator initialises it")
+def test_a_cpu_command_prints_no_accelerator_or_torch_notices(tmp_path):
+    """`rubric-jax validate` as a user runs it, without JAX_PLATFORMS and without torch (hidden, as in the base
+    install), then the TPU topology `rubric-jax plan` describes through libtpu: stderr holds none of the notices,
+    and JAX runs on the CPU."""
+    script = ("import sys; sys.modules['torch'] = None\n"
+              "import jax\nfrom rubric_jax import cli\nfrom rubric_jax.training.plan import topology_devices\n"
+              "status = cli.main(sys.argv[1:])\n"
+              "print(jax.devices()[0].platform, len(topology_devices('v5e:2x2')[1]) if HAS_LIBTPU else 4)\n"
+              "sys.exit(status)\n").replace("HAS_LIBTPU", str(importlib.util.find_spec("libtpu") is not None))
+    env = {key: value for key, value in os.environ.items() if key != "JAX_PLATFORMS"}
+    result = subprocess.run([sys.executable, "-c", script, "validate", *TINY_RL, "--rows", "1"], env=env,
+                            capture_output=True, text=True, timeout=300, check=False, cwd=Path(__file__).resolve().parents[1])
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.endswith("\ncpu 4\n")
+    assert not [line for line in result.stderr.splitlines() if any(noise in line for noise in START_UP_NOISE)], \
+        result.stderr
