@@ -318,8 +318,8 @@ def test_a_cpu_command_prints_no_accelerator_or_torch_notices(tmp_path):
               "print(jax.devices()[0].platform, len(topology_devices('v5e:2x2')[1]) if HAS_LIBTPU else 4)\n"
               "sys.exit(status)\n").replace("HAS_LIBTPU", str(importlib.util.find_spec("libtpu") is not None))
     env = {key: value for key, value in os.environ.items() if key != "JAX_PLATFORMS"}
-    result = subprocess.run([sys.executable, "-c", script, "validate", *TINY_RL, "--rows", "1"], env=env,
-                            capture_output=True, text=True, timeout=300, check=False, cwd=Path(__file__).resolve().parents[1])
+    result = subprocess.run([sys.executable, "-c", script, "validate", *TINY_RL, "--rows", "1"], env=env, text=True,
+                            capture_output=True, timeout=300, check=False, cwd=Path(__file__).resolve().parents[1])
     assert result.returncode == 0, result.stderr
     assert result.stdout.endswith("\ncpu 4\n")
     assert not [line for line in result.stderr.splitlines() if any(noise in line for noise in START_UP_NOISE)], \
