@@ -104,3 +104,16 @@ def test_the_run_directory_files_are_named_as_written(tmp_path):
     described = text.split("`samples.jsonl` holds", 1)[1].split("\n\n", 1)[0]
     assert fields <= set(re.findall(r"`(\w+)`", described)), fields - set(re.findall(r"`(\w+)`", described))
     assert "`train`" in described and "`eval`" in described
+
+
+def test_the_first_screen_gives_the_quickstart_and_the_ci_test_command():
+    """The README's first 25 lines hold the two set-up commands: the quickstart's, as "Set up and run" gives it,
+    and the tests', the one `.ci/run` runs; the timings beside them say where they were measured."""
+    first_screen = "\n".join(README.read_text(encoding="utf-8").splitlines()[:25])
+    [quickstart, tests] = re.findall(r"```bash\n(.*?)\n```", first_screen, re.DOTALL)
+    set_up = section_blocks("Set up and run")["bash"]
+    assert quickstart + "\n" == set_up[0] and quickstart.endswith("rubric-jax quickstart")
+    assert tests + "\n" == set_up[1]
+    ci_command = (ROOT / ".ci" / "run").read_text(encoding="utf-8").strip().splitlines()[-1]
+    assert tests == ci_command
+    assert first_screen.count("2-core") == 2
