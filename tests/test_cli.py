@@ -2,7 +2,9 @@
 the saved model, whose JSON holds the held-out metrics; a second `sft` with the same output resumes. Each way
 each command can be given bad input ends in one line on stderr naming the problem, with status 2."""
 
+import importlib.util
 import json
+import os
 import re
 import subprocess
 import sys
@@ -11,6 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+import rubric_jax
 from rubric_jax import cli
 from rubric_jax.models.config import ModelConfig
 from tests.data.dataset_fixtures import FIXTURES
@@ -372,3 +375,27 @@ def test_eval_whose_judge_fails_within_the_budget_reports_the_failure_rate(tiny_
     assert report["eval/judge/failure_rate"] == 0.5 and report["eval/judge/failed/no_json"] == 1
     assert report["eval/rubric_score"] == 0.5
     assert "| eval/judge/failure_rate | 0.5000 |" in output.with_suffix(".md").read_text()
+
+
+# What a CPU host must not see: libtpu's initialisation errors (with the test extra's libtpu installed) and
+# transformers' notice of a missing PyTorch (the base install has none).
+START_UP_NOISE = ("Failed to find host bounds", "unexpected worker hostname", "InitGoogle", "PyTorch was not found")
+
+
+@pytest.mark.skipif(rubric_jax.accelerator_attached(), reason="a host with an accelerator initialises it")
+def test_a_cpu_command_prints_no_accelerator_or_torch_notices(tmp_path):
+    """`rubric-jax validate` as a user runs it, without JAX_PLATFORMS and without torch (hidden, as in the base
+    install), then the TPU topology `rubric-jax plan` describes through libtpu: stderr holds none of the notices,
+    and JAX runs on the CPU."""
+    script = ("import sys; sys.modules['torch'] = None\n"
+              "import jax\nfrom rubric_jax import cli\nfrom rubric_jax.training.plan import topology_devices\n"
+              "status = cli.main(sys.argv[1:])\n"
+              "print(jax.devices()[0].platform, len(topology_devices('v5e:2x2')[1]) if HAS_LIBTPU else 4)\n"
+              "sys.exit(status)\n").replace("HAS_LIBTPU", str(importlib.util.find_spec("libtpu") is not None))
+    env = {key: value for key, value in os.environ.items() if key != "JAX_PLATFORMS"}
+    result = subprocess.run([sys.executable, "-c", script, "validate", *TINY_RL, "--rows", "1"], env=env, text=True,
+                            capture_output=True, timeout=300, check=False, cwd=Path(__file__).resolve().parents[1])
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.endswith("\ncpu 4\n")
+    assert not [line for line in result.stderr.splitlines() if any(noise in line for noise in START_UP_NOISE)], \
+        result.stderr

@@ -3,14 +3,18 @@
 checkpoint nor the data is in the repository), and the synthesis -> train -> eval path, whose commands must
 connect (each reads what the one before writes)."""
 
+import json
 import re
 import shlex
 from pathlib import Path
 
 from rubric_jax import cli
 from rubric_jax.data.synthesis import SynthesisConfig, plan_synthesis
+from rubric_jax.training import rl
+from rubric_jax.training.metrics import SAMPLES_FILE, MetricsWriter
 from rubric_jax.training.run_config import RLConfig, resolve_algorithm
 from rubric_jax.yaml_config import load_config
+from tests.judges.test_records import RECORDS
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -88,3 +92,33 @@ def test_the_multihost_launch_commands_parse_and_load():
         args = cli.build_parser().parse_args(command[1:])
         mesh = load_config(RLConfig, args.config, args.overrides).learner.mesh
         assert mesh.data * mesh.fsdp * mesh.tensor == devices
+
+
+def test_the_run_directory_files_are_named_as_written(tmp_path):
+    """README's run directory: the first rollout file as `rl.rollout_log_path` names it, and every field of a
+    samples.jsonl line (`MetricsWriter.write_samples` of `rl.samples_of`, for a judged and a failed rollout) in the
+    sentence on samples.jsonl, with both phases."""
+    text = README.read_text(encoding="utf-8")
+    assert f"`{rl.rollout_log_path(Path(), 1).as_posix()}`" in text
+    with MetricsWriter(tmp_path, tensorboard=False, console=False) as writer:
+        writer.write_samples(1, rl.samples_of(RECORDS[:2], 2))
+        writer.write_samples(1, rl.samples_of(RECORDS[:1], 1), phase="eval")
+    lines = [json.loads(line) for line in (tmp_path / SAMPLES_FILE).read_text(encoding="utf-8").splitlines()]
+    assert [line["phase"] for line in lines] == ["train", "train", "eval"]
+    fields = {key for line in lines for key in line} | {key for line in lines for c in line["criteria"] for key in c}
+    described = text.split("`samples.jsonl` holds", 1)[1].split("\n\n", 1)[0]
+    assert fields <= set(re.findall(r"`(\w+)`", described)), fields - set(re.findall(r"`(\w+)`", described))
+    assert "`train`" in described and "`eval`" in described
+
+
+def test_the_first_screen_gives_the_quickstart_and_the_ci_test_command():
+    """The README's first 25 lines hold the two set-up commands: the quickstart's, as "Set up and run" gives it,
+    and the tests', the one `.ci/run` runs; the timings beside them say where they were measured."""
+    first_screen = "\n".join(README.read_text(encoding="utf-8").splitlines()[:25])
+    [quickstart, tests] = re.findall(r"```bash\n(.*?)\n```", first_screen, re.DOTALL)
+    set_up = section_blocks("Set up and run")["bash"]
+    assert quickstart + "\n" == set_up[0] and quickstart.endswith("rubric-jax quickstart")
+    assert tests + "\n" == set_up[1]
+    ci_command = (ROOT / ".ci" / "run").read_text(encoding="utf-8").strip().splitlines()[-1]
+    assert tests == ci_command
+    assert first_screen.count("2-core") == 2

@@ -232,7 +232,13 @@ def load_table(path: str, split: str = "train", name: Optional[str] = None):
             builder = FILE_BUILDERS.get("".join(location.suffixes[-1:]).lower())
             if builder is None:
                 raise ValueError(f"{path}: unknown file type; expected one of {sorted(FILE_BUILDERS)}")
-            return datasets.load_dataset(builder, data_files=str(location), split="train")
+            try:
+                return datasets.load_dataset(builder, data_files=str(location), split="train")
+            except Exception:  # datasets' own message names neither the file nor the line (pyarrow's row is 0-based)
+                problem = _file_problem(location.read_text(encoding="utf-8", errors="replace"), builder)
+                if problem is None:
+                    raise
+                raise ValueError(f"dataset {path}: {problem}") from None
         if location.is_dir() and any((location / f).is_file() for f in ("state.json", "dataset_dict.json")):
             table = datasets.load_from_disk(str(location))
             return table[split] if isinstance(table, datasets.DatasetDict) else table
@@ -248,6 +254,35 @@ def load_table(path: str, split: str = "train", name: Optional[str] = None):
     except Exception as error:  # noqa: BLE001  (datasets raises many types for unreadable files)
         raise ValueError(f"dataset {path} (split {split!r}) does not load: {type(error).__name__}: "
                          f"{_one_line(error)}") from None
+
+
+def _file_problem(text: str, builder: str) -> Optional[str]:
+    """Why a data file's `text` did not load, in a user's terms: no rows (empty or blank, or a CSV header alone),
+    or, for JSON (`builder` "json"), the first line of a JSON Lines file that is not a JSON object (numbered from 1,
+    as editors do), or where a single JSON document breaks. None when neither explains it."""
+    if not text.strip():
+        return "the file is empty: it has no rows"
+    if builder == "csv" and not "".join(text.splitlines()[1:]).strip():
+        return "the file has only a header: it has no rows"
+    if builder != "json":
+        return None
+    try:
+        json.loads(text)
+        return None  # one JSON document: its layout, not its syntax, is what datasets refused
+    except json.JSONDecodeError as error:
+        document_error = error
+    lines = [(number, line) for number, line in enumerate(text.splitlines(), 1) if line.strip()]
+    for number, line in lines:
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError as error:
+            if number == lines[0][0]:  # not JSON Lines: one document that breaks somewhere
+                return (f"not valid JSON: {document_error.msg} at line {document_error.lineno}, column "
+                        f"{document_error.colno}")
+            return f"line {number} is not valid JSON: {error.msg} at column {error.colno}"
+        if not isinstance(value, dict):
+            return f"line {number} is not a JSON object (one row per line), got {_shown(value)}"
+    return None
 
 
 def _one_line(error: BaseException) -> str:
@@ -326,6 +361,14 @@ def _json_list(text: str) -> Any:
         return json.loads(text)
     except json.JSONDecodeError:
         return text
+
+
+def _chat_messages(value: Any) -> bool:
+    """Whether a cell looks like chat messages: a list (or its JSON text) of mappings with a role."""
+    if isinstance(value, str) and value.lstrip().startswith("["):
+        value = _json_list(value)
+    return (isinstance(value, (list, tuple)) and len(value) > 0
+            and all(isinstance(m, Mapping) and "role" in m for m in value))
 
 
 def _messages(reader: _RowReader, column: str) -> list[dict[str, str]]:
@@ -470,6 +513,9 @@ def record_from_row(row: Mapping[str, Any], index: int, config: DatasetConfig, s
     columns = config.columns
     options, correct, order = _options(reader, columns, config, seed)
     if columns.prompt is not None:
+        if _chat_messages(reader.get(columns.prompt)):
+            reader.fail(columns.prompt, "messages_in_prompt", "holds chat messages, not text: map it as "
+                        f"columns.messages: {columns.prompt} (not columns.prompt)")
         question = reader.text(columns.prompt, "missing_prompt")
     else:
         messages = _messages(reader, columns.messages)

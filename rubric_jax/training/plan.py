@@ -36,6 +36,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+import rubric_jax
 from rubric_jax.algorithms.base import RoleRows, StepShape
 from rubric_jax.algorithms.registry import algorithm_class
 from rubric_jax.models import attention, sharding, train_step
@@ -78,6 +79,11 @@ def topology_devices(topology: str) -> tuple[Chip, list[Any]]:
     # libtpu takes a machine-wide lock file unless told otherwise; describing chips opens none of them, so plans
     # may run side by side (and beside tests).
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    if not rubric_jax.accelerator_attached():
+        # A single host of its own: without them libtpu, finding no TPU VM around it, prints initialisation errors
+        # ("Failed to find host bounds", "unexpected worker hostname"); the topology described is the same.
+        os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+        os.environ.setdefault("TPU_HOST_BOUNDS", "1,1,1")
     from jax.experimental import topologies  # noqa: PLC0415  (loads libtpu)
 
     try:

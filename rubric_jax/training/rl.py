@@ -582,6 +582,13 @@ def check_frozen_engine(algorithm: Any, config: RLConfig) -> None:
 
 
 def train_rl(config: RLConfig, task: Any, *, judge=None, model=None, tokenizer=None) -> dict[str, float]:
+    """`_train_rl`, whose launch, refused before its first step completes (a prompt over the context, a server
+    that stops answering), leaves output_dir as it found it (`runs.undo_failed_launch`)."""
+    with runs.undo_failed_launch(Path(config.output_dir)):
+        return _train_rl(config, task, judge=judge, model=model, tokenizer=tokenizer)
+
+
+def _train_rl(config: RLConfig, task: Any, *, judge, model, tokenizer) -> dict[str, float]:
     """Runs (or resumes) the RL run `config` on `task` (a `rubric_jax.data.tasks` task); the judge defaults to
     `config.judge`'s (`make_judge`: the task's own, or an LLM judge over HTTP, closed at the end), the model and
     tokenizer to `policy.build_policy(config.model)`; an LLM meta-verifier (`make_meta_verifier`, meta_verifier

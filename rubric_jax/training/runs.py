@@ -10,7 +10,8 @@ checkpoint and that line.
 Relaunching (`check_relaunch`): a directory with history (checkpoints or metrics) resumes only under the config
 it was started with, apart from RELAUNCH_SAFE_KEYS, and never with checkpoint.resume false; a checkpoint newer
 than the newest that restores is set aside (`restore_latest`); SIGINT and SIGTERM stop a run at the end of a step
-(`StopRequests`, `RunInterrupted`).
+(`StopRequests`, `RunInterrupted`). A launch that fails before its first step completes leaves the directory as it
+found it (`undo_failed_launch`).
 
 Multi-process runs (`docs/multihost.md`): every process calls these functions; the checkpoint is written and read
 by all of them (orbax: each process its own shards), the metrics log, config and plots by process 0 alone
@@ -18,12 +19,14 @@ by all of them (orbax: each process its own shards), the metrics log, config and
 written by process 0 (`safetensors_io.save_hf_checkpoint`).
 """
 
+import contextlib
 import logging
+import shutil
 import signal
 import sys
 import threading
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Iterator, Mapping, Optional, Sequence
 
 import jax
 import yaml
@@ -120,15 +123,44 @@ def _safe_to_change(key: str) -> bool:
     return any(key == safe or key.startswith(safe + ".") for safe in RELAUNCH_SAFE_KEYS)
 
 
+def has_history(out: Path) -> bool:
+    """Whether `out` holds a run's history: a checkpoint or a line of metrics (a completed step)."""
+    checkpoints = out / "checkpoints"
+    return (checkpoints.is_dir() and any(checkpoints.iterdir())) or (
+        (out / METRICS_FILE).is_file() and (out / METRICS_FILE).stat().st_size > 0)
+
+
+@contextlib.contextmanager
+def undo_failed_launch(out: Path) -> Iterator[None]:
+    """Around a launch into `out`: when it fails (any exception) before the run has history (`has_history`), the
+    files and directories it created in `out` (config.yaml, an empty metrics.jsonl, tensorboard/, checkpoints/,
+    a first step's rollout logs), and `out` itself if it created it, are removed on process 0, so that a refused
+    launch leaves the directory as it found it. Nothing is removed from a directory that held history when the
+    launch began, nor anything that was there before it, nor once a step has completed."""
+    if jax.process_index() != 0 or has_history(out):
+        yield
+        return
+    before = set(out.iterdir()) if out.is_dir() else None
+    try:
+        yield
+    except BaseException:
+        if out.is_dir() and not has_history(out):
+            for path in set(out.iterdir()) - (before or set()):
+                if path.is_dir() and not path.is_symlink():
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    path.unlink(missing_ok=True)
+            if before is None and not any(out.iterdir()):
+                out.rmdir()
+        raise
+
+
 def check_relaunch(out: Path, config: Any) -> None:
     """Refuses (RunStopped) a launch that would rewrite the history of the run in `out` (its checkpoints or
     metrics log): with `checkpoint.resume`, when the config saved there differs from `config` (both resolved) in
     a key outside RELAUNCH_SAFE_KEYS, naming the keys; without it, when `out` holds checkpoints at all (a fresh
     run would mix its steps with theirs). A directory without history (nothing run yet) takes any config."""
-    checkpoints = out / "checkpoints"
-    has_history = (checkpoints.is_dir() and any(checkpoints.iterdir())) or (
-        (out / METRICS_FILE).is_file() and (out / METRICS_FILE).stat().st_size > 0)
-    if not has_history:
+    if not has_history(out):
         return
     if not config.checkpoint.resume:
         raise RunStopped(f"output_dir {out} holds a run and checkpoint.resume is false: a fresh run there would mix "

@@ -47,7 +47,13 @@ def sft_batch(task: Any, tokenizer: Any, examples, max_response_tokens: int,
 
 
 def train_sft(config: SFTConfig, task: Any, *, model=None, tokenizer=None) -> dict[str, float]:
-    """Runs (or resumes) the SFT run `config` on `task`; returns the last step's metrics (module docstring)."""
+    """Runs (or resumes) the SFT run `config` on `task`; returns the last step's metrics (module docstring). A launch
+    that fails before its first step completes leaves output_dir as it found it (`runs.undo_failed_launch`)."""
+    with runs.undo_failed_launch(Path(config.output_dir)):
+        return _train_sft(config, task, model=model, tokenizer=tokenizer)
+
+
+def _train_sft(config: SFTConfig, task: Any, *, model, tokenizer) -> dict[str, float]:
     out = Path(config.output_dir)
     runs.check_relaunch(out, config)
     mesh = policy.make_mesh(config.mesh)

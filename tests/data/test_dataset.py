@@ -220,11 +220,22 @@ def test_a_column_the_table_lacks_is_named_with_the_columns_it_has(rows_file):
 @pytest.mark.parametrize("path, message", [
     ("{tmp}/missing.jsonl", "dataset {tmp}/missing.jsonl does not exist"),
     ("{tmp}/rows.txt", "rows.txt: unknown file type"),
-    ("{tmp}/broken.jsonl", "dataset {tmp}/broken.jsonl (split 'train') does not load"),
+    ("{tmp}/broken.jsonl", "dataset {tmp}/broken.jsonl: line 3 is not valid JSON: Expecting property name enclosed "
+                           "in double quotes at column 2"),
+    ("{tmp}/scalar.jsonl", "dataset {tmp}/scalar.jsonl: line 2 is not a JSON object (one row per line), got 7"),
+    ("{tmp}/broken.json", "dataset {tmp}/broken.json: not valid JSON: Expecting ',' delimiter at line 2, column 13"),
+    ("{tmp}/empty.jsonl", "dataset {tmp}/empty.jsonl: the file is empty: it has no rows"),
+    ("{tmp}/blank.jsonl", "dataset {tmp}/blank.jsonl: the file is empty: it has no rows"),
+    ("{tmp}/header.csv", "dataset {tmp}/header.csv: the file has only a header: it has no rows"),
 ])
 def test_a_path_that_does_not_load_is_one_clear_error(tmp_path, path, message):
     (tmp_path / "rows.txt").write_text("x")
-    (tmp_path / "broken.jsonl").write_text('{"q": "a"}\n{not json\n')
+    (tmp_path / "broken.jsonl").write_text('{"q": "a"}\n\n{not json\n')  # a blank line still counts as a line
+    (tmp_path / "scalar.jsonl").write_text('{"q": "a"}\n7\n')
+    (tmp_path / "broken.json").write_text('[{"q": "a"},\n {"q": "b"} {"q": "c"}]\n')
+    (tmp_path / "empty.jsonl").write_text("")
+    (tmp_path / "blank.jsonl").write_text("\n \n")
+    (tmp_path / "header.csv").write_text("q,gold\n")
     with pytest.raises(ValueError, match=None) as raised:
         build_task("dataset", params(path.replace("{tmp}", str(tmp_path))), 0)
     assert message.replace("{tmp}", str(tmp_path)) in str(raised.value)
@@ -281,6 +292,23 @@ def test_chat_message_prompts_and_a_system_prompt(tmp_path):
     bad = write_jsonl(tmp_path / "bad.jsonl", [{"messages": [{"role": "robot", "content": "x"}]}])
     with pytest.raises(dataset.DatasetRowError, match="row 0: column 'messages': expected a non-empty list"):
         build_task("dataset", {"path": str(bad), "columns": {"messages": "messages"}}, 0)
+
+
+@pytest.mark.parametrize("suffix", ["jsonl", "csv"])  # CSV holds the messages as JSON text
+def test_a_prompt_column_of_chat_messages_is_an_error_naming_columns_messages(tmp_path, suffix):
+    chats = [[{"role": "user", "content": f"Question {i}?"}] for i in range(2)]
+    path = tmp_path / f"chat.{suffix}"
+    if suffix == "jsonl":
+        write_jsonl(path, [{"conversation": chat} for chat in chats])
+    else:
+        datasets.Dataset.from_dict({"conversation": [json.dumps(chat) for chat in chats]}).to_csv(path, index=False)
+    with pytest.raises(dataset.DatasetRowError, match=None) as raised:
+        build_task("dataset", {"path": str(path), "columns": {"prompt": "conversation"}}, 0)
+    assert str(raised.value) == (f"{path}: row 0: column 'conversation': holds chat messages, not text: map it as "
+                                 "columns.messages: conversation (not columns.prompt)")
+    assert raised.value.reason == "messages_in_prompt"
+    task = build_task("dataset", {"path": str(path), "columns": {"messages": "conversation"}}, 0)
+    assert task.question(task.train_stream(0).next_batch(1)[0]).startswith("Question ")
 
 
 def test_a_question_pattern_takes_the_question_out_of_its_wrapper(tmp_path):

@@ -1,6 +1,7 @@
 """A run directory is history (`runs.check_relaunch`): a relaunch resumes only under the config the run started
 with, apart from `runs.RELAUNCH_SAFE_KEYS`; `checkpoint.resume: false` never writes over a run; a launch that
-fails writes nothing into the run it was pointed at. A signal stops a run at the end of its step with a
+fails writes nothing into the run it was pointed at, and one refused before its first step completes leaves
+nothing behind (`runs.undo_failed_launch`). A signal stops a run at the end of its step with a
 checkpoint; a damaged latest checkpoint is set aside and the one before it resumes; a cosine schedule left
 behind by a `steps` override is warned about."""
 
@@ -70,6 +71,45 @@ def test_a_launch_with_a_bad_model_path_leaves_the_run_untouched(finished_run, t
     with pytest.raises((ValueError, OSError)):
         rl.train_rl(fresh, toy_task())
     assert not (tmp_path / "fresh").exists()
+
+
+TINY_TRAIN = ["train", "configs/rar_arithmetic.yaml", "steps=1", "model.path=null",
+              "model.init={hidden_size: 32, intermediate_size: 64, num_layers: 1, num_heads: 2, num_kv_heads: 1, "
+              "head_dim: 16, max_position_embeddings: 256}", "rollout.prompts_per_step=2", "rollout.group_size=2",
+              "learner.mini_batches=1", "eval.every_steps=0", "metrics.console=false", "metrics.plots=false"]
+
+
+def test_a_launch_refused_in_its_first_step_leaves_nothing_behind(tmp_path, capsys):
+    """`rubric-jax train` whose first step refuses a prompt over `rollout.max_prompt_tokens` (after config.yaml,
+    metrics.jsonl, tensorboard/ and checkpoints/ were created): a fresh output_dir is gone, and one that held a
+    user's file holds just that file again."""
+    refusing = [*TINY_TRAIN, "rollout.max_prompt_tokens=5", "rollout.prompt_truncation=error"]
+    assert cli.main([*refusing, f"output_dir={tmp_path}/fresh"]) == 1
+    assert "exceeds max_prompt_tokens=5" in capsys.readouterr().err
+    assert not (tmp_path / "fresh").exists()
+    (tmp_path / "kept").mkdir()
+    (tmp_path / "kept" / "notes.txt").write_text("mine")
+    assert cli.main([*refusing, f"output_dir={tmp_path}/kept"]) == 1
+    assert [path.name for path in (tmp_path / "kept").iterdir()] == ["notes.txt"]
+
+
+def test_a_launch_that_fails_after_its_first_step_keeps_the_run(tmp_path, monkeypatch):
+    """Once a step has completed the directory holds a run: a failure in the second step removes nothing, and
+    its step 1 checkpoint stays."""
+    sample_experience = rl.sample_experience
+
+    def fails_at_step_two(algorithm, examples, context, judge, step, *args, **kwargs):
+        if step == 1:
+            raise RuntimeError("the engine went away")
+        return sample_experience(algorithm, examples, context, judge, step, *args, **kwargs)
+
+    monkeypatch.setattr(rl, "sample_experience", fails_at_step_two)
+    config = tiny_rl_config(tmp_path, steps=2)
+    with pytest.raises(RuntimeError, match="the engine went away"):
+        rl.train_rl(config, toy_task())
+    out = Path(config.output_dir)
+    assert [line["step"] for line in read_metrics(out / "metrics.jsonl")] == [1]
+    assert (out / "config.yaml").is_file() and [path.name for path in (out / "checkpoints").iterdir()] == ["1"]
 
 
 def test_safe_keys_may_change_and_the_run_resumes(tmp_path):
