@@ -608,14 +608,15 @@ def _train_rl(config: RLConfig, task: Any, *, judge, model, tokenizer) -> dict[s
     judge_owned = judge is None
     judge = judge if judge is not None else make_judge(config.judge, task, config.seed)
     meta_verifier = make_meta_verifier(config.meta_verifier, config.seed)
-    # Before anything is written: a prompt the model cannot sample, or a server that cannot be reached or whose
+    # Before anything is written: a relaunch that would rewrite a run's history (checked first: it needs neither
+    # the model nor a server), a prompt the model cannot sample, or a server that cannot be reached or whose
     # answers do not parse, stops the launch with nothing changed on disk.
     try:
+        runs.check_relaunch(Path(config.output_dir), config)
         if (refusal := prompt_refusal(algorithm, task, config, model, tokenizer)) is not None:
             raise RunStopped(refusal)
         check_llm_roles(judge if judge_owned else None, meta_verifier, task, config.judge.format)
-        runs.check_relaunch(Path(config.output_dir), config)
-    except RunStopped:
+    except BaseException:
         for client in ([judge] if judge_owned else []) + ([meta_verifier] if meta_verifier is not None else []):
             client.close()
         raise
