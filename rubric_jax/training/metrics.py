@@ -29,7 +29,8 @@ import numpy as np
 
 METRICS_FILE = "metrics.jsonl"
 SAMPLES_FILE = "samples.jsonl"
-DEFAULT_CONSOLE_KEYS = ("reward/mean", "judge/failure_rate", "train/loss", "train/grad_norm", "train/entropy")
+DEFAULT_CONSOLE_KEYS = ("reward/mean", "judge/failure_rate", "judge/call_failure_rate", "train/loss", "train/grad_norm",
+                        "train/entropy")
 
 
 def _scalar(key: str, value) -> Union[int, float]:
