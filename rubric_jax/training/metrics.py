@@ -98,7 +98,7 @@ class MetricsWriter:
         total_steps: Optional[int] = None,
         resume_step: Optional[int] = None,
         console_keys: Sequence[str] = DEFAULT_CONSOLE_KEYS,
-        stream: TextIO = sys.stdout,
+        stream: Optional[TextIO] = None,
     ):
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -121,7 +121,8 @@ class MetricsWriter:
                 purge_step=None if resume_step is None else resume_step + 1,
                 filename_suffix=f".{time.time_ns()}",
             )
-        self._stream = stream if console else None
+        # sys.stdout when the writer opens, not when this module was imported (a redirected stdout is honoured).
+        self._stream = (sys.stdout if stream is None else stream) if console else None
         self._total_steps = total_steps
         self._console_keys = tuple(console_keys)
         self._start = time.monotonic()
