@@ -337,8 +337,8 @@ class JudgeConfig:
     "Authorization: Bearer <value>" (the key never enters the config, config.yaml or the logs), and `headers`,
     sent with every request. Health: a run probes the server before step 1 and stops (exit 1, one line) when it does
     not answer or refuses the credentials; it stops the same way when "judge/failure_rate" (or the per-call
-    "judge/call_failure_rate", when larger) exceeds `max_failure_rate` on `max_failing_steps` consecutive steps (a run whose rewards are judge failures cannot
-    learn). `max_failure_rate: 1.0` turns that off."""
+    "judge/call_failure_rate", when larger) exceeds `max_failure_rate` on `max_failing_steps` consecutive steps (a
+    run whose rewards are judge failures cannot learn). `max_failure_rate: 1.0` turns that off."""
 
     kind: Literal["task", "llm"] = "task"
     url: Optional[str] = None

@@ -164,8 +164,8 @@ class ScriptedJudge(Judge):
 
 
 def test_recording_judge_keeps_verdicts_only_while_recording_and_passes_them_through():
-    scripted = {"a": RolloutVerdict(satisfied=(1.0, 0.5), item_step=(2, 0)), "b": RolloutVerdict.failure("x", "why", "maybe?"),
-                "c": RolloutVerdict(satisfied=(0.0,))}
+    scripted = {"a": RolloutVerdict(satisfied=(1.0, 0.5), item_step=(2, 0)),
+                "b": RolloutVerdict.failure("x", "why", "maybe?"), "c": RolloutVerdict(satisfied=(0.0,))}
     inner = ScriptedJudge(scripted)
     judge = RecordingJudge(inner)
     batch = [request("a"), request("b"), request("c", SHORT_RUBRIC)]
@@ -206,8 +206,8 @@ def test_recorded_rows_without_attribution_have_no_steps():
 
 
 def test_first_judged_keeps_the_first_rollouts_across_batches_and_no_more():
-    scripted = {"a": RolloutVerdict(satisfied=(1.0, 0.5), item_step=(2, 0)), "b": RolloutVerdict.failure("x", "why", "maybe?"),
-                "c": RolloutVerdict(satisfied=(0.0,))}
+    scripted = {"a": RolloutVerdict(satisfied=(1.0, 0.5), item_step=(2, 0)),
+                "b": RolloutVerdict.failure("x", "why", "maybe?"), "c": RolloutVerdict(satisfied=(0.0,))}
     judge = ScriptedJudge(scripted)
     keep = FirstJudged(3, "eval-4", step=4)
     for batch in ([request("a"), request("b")], [request("c", SHORT_RUBRIC), request("a")], [request("b")]):

@@ -100,3 +100,17 @@ def test_call_metrics_are_the_difference_of_two_counts():
     assert rl.call_metrics("judge", after, after)["judge/call_failures"] == 0.0
     assert "judge/call_failure_rate" not in rl.call_metrics("judge", after, after)
     assert rl.call_metrics("judge", {}, {}) == {}
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"failed_criterion": "score_zero"}, "got kind task, format grounded"),
+    ({"kind": "llm", "url": "http://127.0.0.1:1", "model": "m", "format": "srar", "failed_criterion": "score_zero"},
+     "got kind llm, format srar"),
+])
+def test_score_zero_is_for_an_llm_judge_of_one_call_per_criterion(fields, message):
+    with pytest.raises(ValueError, match=f"judge.failed_criterion score_zero is for kind llm .*{message}"):
+        JudgeConfig(**fields)
+    judge = rl.make_judge(JudgeConfig(kind="llm", url="http://127.0.0.1:1", model="m", format="healthbench",
+                                      failed_criterion="score_zero"), None, 0)
+    judge.close()
+    assert judge.failed_criterion == "score_zero"
