@@ -244,28 +244,38 @@ def test_criterion_judge_one_call_per_criterion(server, make_judge):
     assert all(b["response_format"]["json_schema"]["schema"]["required"] == ["rating"] for b in server.chat_requests)
 
 
-# One criterion's failed answer of each kind: (answer, the failed call's reason).
-FAILED_RATINGS = {
-    "garbage": ("I would say the response is quite good.", "no_json"),
-    "off_schema": ('{"rating": 7}', "out_of_bounds"),
-    "wrong_field": ('{"score": 1}', "schema"),
-    "truncated": (Truncated('{"rating": 1, "why": "the resp'), TRUNCATED),
+# Per criterion format: its answer meaning "met", and one failed answer of each kind with the call's reason.
+CRITERION_FORMATS = {
+    "rating": (rating_format, '{"rating": 1}', {
+        "garbage": ("I would say the response is quite good.", "no_json"),
+        "off_schema": ('{"rating": 7}', "out_of_bounds"),
+        "wrong_field": ('{"score": 1}', "schema"),
+        "truncated": (Truncated('{"rating": 1, "why": "the resp'), TRUNCATED),
+    }),
+    "healthbench": (healthbench_format, '```json\n{"explanation": "ok", "criteria_met": true}\n```', {
+        "garbage": ("Yes, the criterion is met.", "no_json"),
+        "off_schema": ('{"explanation": "ok", "criteria_met": "true"}', "schema"),
+        "wrong_field": ('{"explanation": "ok", "met": true}', "schema"),
+        "truncated": (Truncated('{"explanation": "The response names'), TRUNCATED),
+    }),
 }
 
 
-@pytest.mark.parametrize("kind", sorted(FAILED_RATINGS))
-def test_criterion_judge_a_failed_criterion_call_fails_the_rollout(server, make_judge, kind):
+@pytest.mark.parametrize("name, kind", [(name, kind) for name, (_, _, failed) in CRITERION_FORMATS.items()
+                                        for kind in failed])
+def test_criterion_judge_a_failed_criterion_call_fails_the_rollout(server, make_judge, name, kind):
     """Mixed: two of three criteria parse, one fails; the rollout fails with that call's reason, a detail naming the
     criterion, and its raw answer; the other rollout of the batch, all parsed, is judged."""
-    answer, reason = FAILED_RATINGS[kind]
+    fmt, met, failed = CRITERION_FORMATS[name]
+    answer, reason = failed[kind]
 
     def responder(messages):
         if "BAD" in user_text(messages) and "Explains the method" in user_text(messages):
             return answer
-        return '{"rating": 1}'
+        return met
 
     server.responder = responder
-    judge = make_judge(server, CriterionLLMJudge, rating_format())
+    judge = make_judge(server, CriterionLLMJudge, fmt())
     requests = [JudgeRequest(question="q", response=r, rubric=RGR_RUBRIC) for r in ("GOOD", "BAD")]
     verdicts = judge.judge(requests, max_items=3)
     assert verdicts.failed_b.tolist() == [False, True] and verdicts.reasons == ("", reason)
@@ -273,6 +283,7 @@ def test_criterion_judge_a_failed_criterion_call_fails_the_rollout(server, make_
     assert verdicts.details[1].startswith("criteria[1] 'Explains the method': ")
     assert verdicts.answers == ("", str(answer))
     assert judge.failures.parsed == 6 and judge.failures.by_reason == {reason: 1}
+    # A cut answer is max_tokens' doing, not a server ignoring the schema.
     assert judge.call_counts()["schema_violations"] == (0 if kind == "truncated" else 1)
 
 
