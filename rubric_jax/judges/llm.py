@@ -47,18 +47,21 @@ Conventions:
 import asyncio
 import dataclasses
 import itertools
+import logging
 import math
 import os
 import re
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-from rubric_jax.inference.http import ClientStats, JsonHttpClient, MalformedResponse, RequestFailed, RetryPolicy
+from rubric_jax.inference.http import (ClientStats, JsonHttpClient, MalformedResponse, RequestFailed, RetryPolicy,
+                                       collapsed_level)
 from rubric_jax.judges.base import Judge, JudgeRequest, RolloutVerdict, Verdicts, check_requests, kept_answer
 from rubric_jax.judges.outcome import extract_boxed
 from rubric_jax.rubrics import parsing, prompts
 from rubric_jax.rubrics.parsing import FailureCounter, ParseResult
 from rubric_jax.rubrics.schema import Criterion
 
+_LOG = logging.getLogger(__name__)
 Messages = prompts.Messages
 CHAT_PATH = "/v1/chat/completions"
 REQUEST_FAILED = "request_failed"
@@ -360,7 +363,8 @@ class CallResult:
 async def read_call(chat: ChatClient, failures: FailureCounter, messages: Messages,
                     schema: Optional[Mapping[str, Any]], parse: Callable[[str], ParseResult]) -> CallResult:
     """Asks `messages` under `schema` and reads the answer with `parse`; the call is counted in `failures` and, when
-    its answer, not cut, does not parse under a schema, in the client's schema violations (module docstring)."""
+    its answer, not cut, does not parse under a schema, in the client's schema violations (module docstring); a
+    failed answer is logged with its reason (the 1st, 10th, 100th, ... of each reason a warning)."""
     try:
         reply = await chat.reply(messages, schema)
     except RequestFailed as error:
@@ -370,12 +374,22 @@ async def read_call(chat: ChatClient, failures: FailureCounter, messages: Messag
     if reply.truncated:  # max_tokens is at fault, not the server's handling of the schema
         failures.record_failure(TRUNCATED)
         read = "it parses" if result.ok else f"{result.reason}: {result.detail}"
-        return CallResult({}, TRUNCATED, f"cut at max_tokens={chat.settings.max_tokens} ({read})",
-                          kept_answer(reply.text))
+        return _failed_answer(chat, failures, TRUNCATED, f"cut at max_tokens={chat.settings.max_tokens} ({read})",
+                              reply.text)
     if not failures.record(result):
         chat.note_unparsed(schema)
-        return CallResult({}, result.reason, result.detail, kept_answer(reply.text))
+        return _failed_answer(chat, failures, result.reason, result.detail, reply.text)
     return CallResult(result.values)
+
+
+def _failed_answer(chat: ChatClient, failures: FailureCounter, reason: str, detail: str, text: str) -> CallResult:
+    """The failed call of an answer, logged with it the 1st, 10th, 100th, ... time its reason is counted (as the
+    HTTP client logs its failures: `collapsed_level`)."""
+    call = CallResult({}, reason, detail, kept_answer(text))
+    count = failures.by_reason[reason]
+    _LOG.log(collapsed_level(count), "%s answered %s: %s (failure %d of this kind); the answer: %r",
+             chat.http.base_url, reason, detail, count, call.answer)
+    return call
 
 
 def call_counts(chat: ChatClient, failures: FailureCounter) -> dict[str, int]:
@@ -501,8 +515,8 @@ class LLMMetaVerifier:
     entry is
     META_VERIFIER_FAILED, a rejection (the parser's failure fill: "a rubric the meta-verifier did not clear is not
     used"), so a broken meta-verifier can only shrink the rubric, never let an unaudited criterion into the
-    reward. `failures` counts every call since creation (`call_counts()` as a judge's); `http_stats()` the
-    requests, as a judge's do.
+    reward. `failures` counts every call since creation (`call_counts()` as a judge's), and a failed answer is
+    logged with its raw text as a judge's is (`read_call`); `http_stats()` the requests, as a judge's do.
     """
 
     def __init__(self, chat: ChatClient, domain: str = "writing_science", failures: Optional[FailureCounter] = None):

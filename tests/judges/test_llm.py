@@ -3,6 +3,7 @@ EvoRubric's LLM meta-verifier: one call per criterion, verdicts per criterion, f
 
 import asyncio
 import json
+import logging
 
 import numpy as np
 import pytest
@@ -501,3 +502,17 @@ def test_meta_verifier_truncated_answer_rejects_the_criterion_and_is_counted(ser
     assert verifier.verify([request]) == [(META_VERIFIER_FAILED,)]
     assert verifier.call_counts() == {"calls": 1, "call_failures": 1, "call_failed/truncated": 1,
                                       "schema_violations": 0}
+
+
+def test_failed_answers_are_logged_with_the_answer_collapsed_by_reason(server, make_judge, caplog):
+    """Twelve failed calls of one reason: warnings at the 1st and 10th, each naming the reason, the count and the
+    raw answer; the others are debug lines."""
+    server.responder = lambda m: "no verdict here"
+    judge = make_judge(server, RolloutLLMJudge, srar_format())
+    with caplog.at_level(logging.DEBUG, logger="rubric_jax.judges.llm"):
+        judge.judge([srar_request(str(i)) for i in range(12)], max_items=3)
+    records = [r for r in caplog.records if r.name == "rubric_jax.judges.llm"]
+    assert len(records) == 12
+    warnings = [r.getMessage() for r in records if r.levelno == logging.WARNING]
+    assert [w.split("(failure ")[1].split(" ")[0] for w in warnings] == ["1", "10"]
+    assert all(" answered no_json: " in w and w.endswith("the answer: 'no verdict here'") for w in warnings)
