@@ -512,10 +512,9 @@ class LLMMetaVerifier:
 
     Failures never raise. A failed call (`read_call`: a request that failed after its retries, an answer cut by
     max_tokens, or one that does not parse, each counted by its reason) leaves the criterion not verified: its
-    entry is
-    META_VERIFIER_FAILED, a rejection (the parser's failure fill: "a rubric the meta-verifier did not clear is not
-    used"), so a broken meta-verifier can only shrink the rubric, never let an unaudited criterion into the
-    reward. `failures` counts every call since creation (`call_counts()` as a judge's), and a failed answer is
+    entry is META_VERIFIER_FAILED, a rejection (the parser's failure fill: "a rubric the meta-verifier did not
+    clear is not used"), so a broken meta-verifier can only shrink the rubric, never let an unaudited criterion
+    into the reward. `failures` counts every call since creation (`call_counts()` as a judge's), and a failed answer is
     logged with its raw text as a judge's is (`read_call`); `http_stats()` the requests, as a judge's do.
     """
 
