@@ -201,6 +201,12 @@ class LoopThread:
         self.loop.close()
 
 
+def collapsed_level(count: int) -> int:
+    """The log level of the `count`-th (from 1) occurrence of a repeated failure: WARNING for the 1st, 10th,
+    100th, ..., DEBUG for the rest, so a failure that repeats every call shows with its count, not every time."""
+    return logging.WARNING if count == 10 ** int(math.log10(count)) else logging.DEBUG
+
+
 class JsonHttpClient:
     """JSON requests to one server (`base_url`, e.g. "http://127.0.0.1:30000"), retried by `retry`, at most
     `max_in_flight` at once, with `headers` on every request (e.g. an Authorization header) and a jitter RNG
@@ -289,9 +295,8 @@ class JsonHttpClient:
         # failure of each (path, reason) is a warning, with the count; the rest are debug lines.
         self._failures_seen[path, error.reason] += 1
         count = self._failures_seen[path, error.reason]
-        level = logging.WARNING if count == 10 ** int(math.log10(count)) else logging.DEBUG
-        _LOG.log(level, "%s%s attempt %d/%d failed: %s %s (failure %d of this kind)", self.base_url, path, attempt,
-                 self.retry.max_attempts, error.reason, error.detail, count)
+        _LOG.log(collapsed_level(count), "%s%s attempt %d/%d failed: %s %s (failure %d of this kind)", self.base_url,
+                 path, attempt, self.retry.max_attempts, error.reason, error.detail, count)
 
     async def _post_json(self, path: str, body: bytes, validate: Callable[[Any], T]) -> T:
         self.stats.requests += 1

@@ -1,7 +1,8 @@
 """Judges: rubric verdicts [B, K] for a batch of rollouts, and outcome verification of final answers.
 
 base.py          `JudgeRequest`, `RolloutVerdict`, `Verdicts` (satisfied_bk, item_step_bk, failed_b, reasons) with
-                 the failure convention (a failed rollout: every item unsatisfied, step -1), and the `Judge` ABC.
+                 the failure convention (a failed rollout: every item unsatisfied, step -1, the failed call's raw
+                 answer kept, `kept_answer`), and the `Judge` ABC.
 programmatic.py  `ProgrammaticJudge`: criteria checked by registered predicates (`register_check`) or `RegexCheck`s,
                  optionally attributed to a `### Step N:` step (`Attributed`) for SRaR.
 llm.py           LLM judges over an OpenAI-compatible chat endpoint: `RolloutLLMJudge` (one call per rollout, all

@@ -9,6 +9,8 @@ Conventions (DESIGN.md; `rubric_jax.core.srar`):
   `failed_b` with a reason, and the rollout gets every item unsatisfied and step -1: SRaR's convention ("any
   failure -> every item not satisfied", REFERENCE.md section 2), which takes it out of every step group. What
   its reward becomes is the algorithm's `rubric_jax.rubrics.parsing.FailurePolicy` (zero reward or excluded).
+- A failed LLM call keeps the judge's raw answer (`RolloutVerdict.answer`, `Verdicts.answers`), cut to its first
+  ANSWER_CHARS characters by `kept_answer`, so a rollout log shows what the judge wrote.
 - A failure never raises; a programmer error (a request that is not a JudgeRequest, a rubric longer than
   max_items, a judge misconfigured for the rubric) raises ValueError naming the field.
 """
@@ -25,6 +27,15 @@ from rubric_jax.inference.http import ClientStats
 from rubric_jax.rubrics.schema import Rubric
 
 _INT32 = np.iinfo(np.int32)
+ANSWER_CHARS = 300  # of a failed call's raw answer kept in its verdict
+_CUT_MARK = " [... cut: {} characters in all]"
+_MAX_KEPT_CHARS = ANSWER_CHARS + len(_CUT_MARK.format(10**20))
+
+
+def kept_answer(text: str) -> str:
+    """A judge's raw answer as a failed verdict keeps it: whole up to ANSWER_CHARS characters, else its first
+    ANSWER_CHARS and a mark saying it was cut and how long it was."""
+    return text if len(text) <= ANSWER_CHARS else text[:ANSWER_CHARS] + _CUT_MARK.format(len(text))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,9 +75,11 @@ class JudgeRequest:
 @dataclasses.dataclass(frozen=True)
 class RolloutVerdict:
     """One rollout's judgement before padding: one score in [0, 1] per rubric item, the items' steps (None: no
-    attribution), and, for a failure, a short `reason` code (counted by metrics) and a free-text `detail`.
+    attribution), and, for a failure, a short `reason` code (counted by metrics), a free-text `detail` and the
+    raw `answer` of the failed call ("" when there was none, e.g. a request that failed; `kept_answer`: at most
+    ANSWER_CHARS characters and a cut mark).
 
-    A failure carries no scores: `RolloutVerdict.failure(reason, detail)`. Values outside [0, 1], non-finite
+    A failure carries no scores: `RolloutVerdict.failure(reason, detail, answer)`. Values outside [0, 1], non-finite
     scores, or steps that do not match the scores are programmer errors (ValueError): a judge turns bad model
     output into a failure before building a verdict.
     """
@@ -75,6 +88,7 @@ class RolloutVerdict:
     item_step: Optional[tuple[int, ...]] = None
     reason: str = ""
     detail: str = ""
+    answer: str = ""
 
     def __post_init__(self):
         satisfied = tuple(float(s) for s in self.satisfied)
@@ -88,18 +102,19 @@ class RolloutVerdict:
             if not all(_INT32.min <= k <= _INT32.max for k in item_step):
                 raise ValueError(f"item_step must fit int32, got {item_step}")
             object.__setattr__(self, "item_step", item_step)
-        if not isinstance(self.reason, str) or not isinstance(self.detail, str):
-            raise ValueError("reason and detail must be str")
+        if not all(isinstance(text, str) for text in (self.reason, self.detail, self.answer)):
+            raise ValueError("reason, detail and answer must be str")
         if self.reason and (satisfied or self.item_step):
             raise ValueError(f"a failed verdict ({self.reason!r}) carries no scores or steps")
-        if self.detail and not self.reason:
-            raise ValueError("detail without a failure reason")
+        if (self.detail or self.answer) and not self.reason:
+            raise ValueError("detail or answer without a failure reason")
+        check_answer(self.answer)
 
     @classmethod
-    def failure(cls, reason: str, detail: str = "") -> "RolloutVerdict":
+    def failure(cls, reason: str, detail: str = "", answer: str = "") -> "RolloutVerdict":
         if not reason:
             raise ValueError("a failure needs a non-empty reason")
-        return cls(reason=reason, detail=detail)
+        return cls(reason=reason, detail=detail, answer=answer)
 
     @property
     def failed(self) -> bool:
@@ -109,8 +124,9 @@ class RolloutVerdict:
 @dataclasses.dataclass(frozen=True)
 class Verdicts:
     """A batch of judgements (module docstring): `satisfied_bk` float32 [B, K], `item_step_bk` int32 [B, K],
-    `failed_b` bool [B], `reasons` ("" when ok, a short code when failed) and `details` (free text, "" when ok;
-    empty tuple = all ""). Validated on construction: shapes, dtypes, scores in [0, 1], and the failure
+    `failed_b` bool [B], `reasons` ("" when ok, a short code when failed), `details` (free text, "" when ok;
+    empty tuple = all "") and `answers` (a failed call's kept raw answer, as `RolloutVerdict.answer`; empty tuple =
+    all ""). Validated on construction: shapes, dtypes, scores in [0, 1], and the failure
     convention (a failed row has a reason, scores 0 and steps -1; an ok row has no reason). The arrays are
     read-only copies."""
 
@@ -119,6 +135,7 @@ class Verdicts:
     failed_b: np.ndarray
     reasons: tuple[str, ...]
     details: tuple[str, ...] = ()
+    answers: tuple[str, ...] = ()
 
     def __post_init__(self):
         satisfied = np.array(self.satisfied_bk, np.float32)  # copies, made read-only below
@@ -137,10 +154,15 @@ class Verdicts:
             raise ValueError("satisfied_bk must be finite and in [0, 1]")
         reasons = tuple(self.reasons)
         details = tuple(self.details) or ("",) * len(reasons)
-        if len(reasons) != len(failed) or len(details) != len(failed):
-            raise ValueError(f"reasons and details need one entry per rollout ({len(failed)})")
+        answers = tuple(self.answers) or ("",) * len(reasons)
+        if not len(reasons) == len(details) == len(answers) == len(failed):
+            raise ValueError(f"reasons, details and answers need one entry per rollout ({len(failed)})")
         if [bool(r) for r in reasons] != failed.tolist():
             raise ValueError("a rollout is failed exactly when it has a reason")
+        if any(answer and not reason for reason, answer in zip(reasons, answers)):
+            raise ValueError("an answer is kept for a failed rollout only")
+        for answer in answers:
+            check_answer(answer)
         if (satisfied[failed] != 0).any() or (steps[failed] != -1).any():
             raise ValueError("a failed rollout must have every item unsatisfied and step -1")
         steps = steps.astype(np.int32)
@@ -151,6 +173,7 @@ class Verdicts:
         object.__setattr__(self, "failed_b", failed)
         object.__setattr__(self, "reasons", reasons)
         object.__setattr__(self, "details", details)
+        object.__setattr__(self, "answers", answers)
 
     @classmethod
     def from_rollouts(cls, verdicts: Sequence[RolloutVerdict], max_items: int) -> "Verdicts":
@@ -175,6 +198,7 @@ class Verdicts:
             failed_b=np.array([v.failed for v in verdicts], bool).reshape(-1),
             reasons=tuple(v.reason for v in verdicts),
             details=tuple(v.detail for v in verdicts),
+            answers=tuple(v.answer for v in verdicts),
         )
 
     @classmethod
@@ -190,11 +214,18 @@ class Verdicts:
             failed_b=np.concatenate([p.failed_b for p in parts]) if parts else np.zeros(0, bool),
             reasons=tuple(r for p in parts for r in p.reasons),
             details=tuple(d for p in parts for d in p.details),
+            answers=tuple(a for p in parts for a in p.answers),
         )
 
     def failure_counts(self) -> collections.Counter:
         """Failed rollouts counted by reason."""
         return collections.Counter(reason for reason in self.reasons if reason)
+
+
+def check_answer(answer: str) -> None:
+    """ValueError unless `answer` is a str no longer than `kept_answer` leaves one."""
+    if not isinstance(answer, str) or len(answer) > _MAX_KEPT_CHARS:
+        raise ValueError(f"a kept answer is a str of at most {_MAX_KEPT_CHARS} characters (`kept_answer`)")
 
 
 def check_max_items(max_items: int) -> None:
@@ -232,8 +263,13 @@ class Judge(abc.ABC):
         return None
 
     def format_metrics(self) -> dict[str, float]:
-        """An LLM judge's response-format dialect and schema violations (`llm.ChatClient.format_metrics`); {} for
-        judges without a chat server."""
+        """An LLM judge's response-format dialect (`llm.ChatClient.format_metrics`); {} for judges without a chat
+        server."""
+        return {}
+
+    def call_counts(self) -> dict[str, int]:
+        """An LLM judge's calls since its creation (`llm.call_counts`: answers read, failed calls by reason,
+        schema violations), which a run turns into per-step counts; {} for judges without a chat server."""
         return {}
 
     def close(self) -> None:

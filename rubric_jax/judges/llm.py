@@ -21,15 +21,25 @@ Conventions:
   parse (`ChatClient.schema_violations`, counted by the judges).
 - All calls of a batch are issued at once; the `JsonHttpClient` bounds how many are in flight and retries 5xx,
   timeouts, dropped connections and malformed bodies with backoff (its `stats` count them).
-- Failures never raise and are counted per call (`failures`, a `parsing.FailureCounter`):
-  - a rollout's output that does not parse fails that rollout with the parser's reason;
-  - a request that fails after its retries fails the rollout with reason "request_failed" (the transport's
-    reason, e.g. "http_503", in the detail);
-  - per criterion (RGR-GRPO: "parse failure scores 0"), an unparsable rating scores that criterion 0 and is
-    counted by its reason, and the rollout stays judged; a failed request still fails the whole rollout, because
-    the server, not the output, is at fault.
+- Failures never raise. Every call is counted once in `failures` (a `parsing.FailureCounter`): read, or failed by
+  its reason. A call fails when its request fails after its retries ("request_failed"; the transport's reason,
+  e.g. "http_503", in the detail), when its answer was cut by max_tokens ("truncated", finish_reason "length",
+  whether or not what came back parses: raise max_tokens), or when its answer does not parse or is off the
+  parser's bounds (the parser's reason: "no_json", "schema", "out_of_bounds", ...). A failed call keeps its raw
+  answer (`judges.base.kept_answer`: the first ANSWER_CHARS characters, marked when cut).
+  - One call per rollout: a failed call fails that rollout with the call's reason, detail and answer.
+  - One call per criterion (`CriterionLLMJudge`), by default (`failed_criterion="fail_rollout"`): any failed
+    call fails the whole rollout, with the reason of its first failed criterion (by index), a detail naming that
+    criterion ("criteria[k]") and how many of the rollout's calls failed, and that call's answer. Scoring an
+    unknown verdict 0 would bias the reward: an unread pitfall criterion (negative weight) would silently not
+    apply, an unread positive one would silently cost points, and a judge that never parses would look like a
+    policy that never satisfies anything. `failed_criterion="score_zero"` is RGR-GRPO's own convention ("parse
+    failure scores 0", rgr_grpo.txt): a failed answer scores its criterion 0 and the rollout stays judged; the
+    call is still counted, so a run's per-step "judge/call_failure_rate" shows it and the failure budget stops
+    a run whose judge never parses. A failed request fails the rollout in both, as the server, not the answer,
+    is at fault.
   A failed rollout gets every item unsatisfied with step -1 (`judges.base`); the algorithm's FailurePolicy
-  decides its reward.
+  decides its reward. `call_counts()` hands a run these counts and the schema violations, which it logs per step.
 - Responses and rubrics reach the judge only through the prompt functions of `rubric_jax.rubrics.prompts`,
   which fence them; the judge's output is data, read by the parsers of `rubric_jax.rubrics.parsing` alone.
 """
@@ -37,21 +47,26 @@ Conventions:
 import asyncio
 import dataclasses
 import itertools
+import logging
 import math
 import os
 import re
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-from rubric_jax.inference.http import ClientStats, JsonHttpClient, MalformedResponse, RequestFailed, RetryPolicy
-from rubric_jax.judges.base import Judge, JudgeRequest, RolloutVerdict, Verdicts, check_requests
+from rubric_jax.inference.http import (ClientStats, JsonHttpClient, MalformedResponse, RequestFailed, RetryPolicy,
+                                       collapsed_level)
+from rubric_jax.judges.base import Judge, JudgeRequest, RolloutVerdict, Verdicts, check_requests, kept_answer
 from rubric_jax.judges.outcome import extract_boxed
 from rubric_jax.rubrics import parsing, prompts
 from rubric_jax.rubrics.parsing import FailureCounter, ParseResult
 from rubric_jax.rubrics.schema import Criterion
 
+_LOG = logging.getLogger(__name__)
 Messages = prompts.Messages
 CHAT_PATH = "/v1/chat/completions"
 REQUEST_FAILED = "request_failed"
+TRUNCATED = "truncated"  # an answer cut by max_tokens (finish_reason "length")
+FAILED_CRITERION = ("fail_rollout", "score_zero")  # what a failed per-criterion call does (module docstring)
 META_VERIFIER_FAILED = "meta_verifier_failed"  # the rejection of a criterion the meta-verifier did not clear
 UNLISTED_CATEGORY = "unlisted"  # an INVALID verdict that names none of the prompt's categories
 
@@ -122,16 +137,15 @@ class ChatClient:
         return self.dialect != "none"
 
     def note_unparsed(self, schema: Optional[Mapping[str, Any]]) -> None:
-        """Counts an answer that did not parse although it was asked for under `schema` (the server ignored the
-        schema, or cut the answer)."""
+        """Counts an answer that did not parse although it was asked for under `schema` and was not cut by
+        max_tokens: the server ignored the schema."""
         if schema is not None and self.schemas_sent:
             self.schema_violations += 1
 
     def format_metrics(self) -> dict[str, float]:
-        """{"response_format": the dialect's rank (2 json_schema, 1 json_object, 0 none), "dialect_changes",
-        "schema_violations"}, for a run's metrics."""
-        return {"response_format": float(_rank(self.dialect) - 1),
-                "dialect_changes": float(self.dialect_changes), "schema_violations": float(self.schema_violations)}
+        """{"response_format": the dialect's rank (2 json_schema, 1 json_object, 0 none), "dialect_changes"}, for a
+        run's metrics (the schema violations are in `call_counts`)."""
+        return {"response_format": float(_rank(self.dialect) - 1), "dialect_changes": float(self.dialect_changes)}
 
     def _payload(self, messages: Messages, schema: Optional[Mapping[str, Any]], seed: Optional[int] = None,
                  dialect: str = "none") -> dict:
@@ -329,8 +343,63 @@ def healthbench_format() -> CriterionFormat:
     )
 
 
-def _request_failure(error: RequestFailed) -> RolloutVerdict:
-    return RolloutVerdict.failure(REQUEST_FAILED, f"{error.reason}: {error}")
+@dataclasses.dataclass(frozen=True)
+class CallResult:
+    """One judge call read: the parser's `values` when it succeeded, else the failure's `reason`, `detail` and
+    kept raw `answer` ("" for a failed request), as the module docstring counts them."""
+
+    values: Mapping[str, Any]
+    reason: str = ""
+    detail: str = ""
+    answer: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.reason
+
+    def verdict(self, detail: Optional[str] = None) -> RolloutVerdict:
+        """The failed verdict of this failed call (its own detail unless `detail` is given)."""
+        return RolloutVerdict.failure(self.reason, self.detail if detail is None else detail, self.answer)
+
+
+async def read_call(chat: ChatClient, failures: FailureCounter, messages: Messages,
+                    schema: Optional[Mapping[str, Any]], parse: Callable[[str], ParseResult]) -> CallResult:
+    """Asks `messages` under `schema` and reads the answer with `parse`; the call is counted in `failures` and, when
+    its answer, not cut, does not parse under a schema, in the client's schema violations (module docstring); a
+    failed answer is logged with its reason (the 1st, 10th, 100th, ... of each reason a warning)."""
+    try:
+        reply = await chat.reply(messages, schema)
+    except RequestFailed as error:
+        failures.record_failure(REQUEST_FAILED)
+        return CallResult({}, REQUEST_FAILED, f"{error.reason}: {error}")
+    result = parse(reply.text)
+    if reply.truncated:  # max_tokens is at fault, not the server's handling of the schema
+        failures.record_failure(TRUNCATED)
+        read = "it parses" if result.ok else f"{result.reason}: {result.detail}"
+        return _failed_answer(chat, failures, TRUNCATED, f"cut at max_tokens={chat.settings.max_tokens} ({read})",
+                              reply.text)
+    if not failures.record(result):
+        chat.note_unparsed(schema)
+        return _failed_answer(chat, failures, result.reason, result.detail, reply.text)
+    return CallResult(result.values)
+
+
+def _failed_answer(chat: ChatClient, failures: FailureCounter, reason: str, detail: str, text: str) -> CallResult:
+    """The failed call of an answer, logged with it the 1st, 10th, 100th, ... time its reason is counted (as the
+    HTTP client logs its failures: `collapsed_level`)."""
+    call = CallResult({}, reason, detail, kept_answer(text))
+    count = failures.by_reason[reason]
+    _LOG.log(collapsed_level(count), "%s answered %s: %s (failure %d of this kind); the answer: %r",
+             chat.http.base_url, reason, detail, count, call.answer)
+    return call
+
+
+def call_counts(chat: ChatClient, failures: FailureCounter) -> dict[str, int]:
+    """The calls of a judge or meta-verifier since its creation: "calls" (each counted once, failed ones
+    included), "call_failures", "call_failed/<reason>" and "schema_violations" (`ChatClient.note_unparsed`)."""
+    return {"calls": failures.parsed, "call_failures": failures.failed,
+            **{f"call_failed/{reason}": n for reason, n in sorted(failures.by_reason.items())},
+            "schema_violations": chat.schema_violations}
 
 
 class _LLMJudge(Judge):
@@ -349,6 +418,9 @@ class _LLMJudge(Judge):
     def format_metrics(self) -> dict[str, float]:
         return self.chat.format_metrics()
 
+    def call_counts(self) -> dict[str, int]:
+        return call_counts(self.chat, self.failures)
+
     def close(self) -> None:
         self.chat.http.close()
 
@@ -361,19 +433,13 @@ class RolloutLLMJudge(_LLMJudge):
         self.fmt = fmt
 
     async def _judge_one(self, request: JudgeRequest) -> RolloutVerdict:
-        try:
-            text = await self.chat.complete(self.fmt.messages(request), self.fmt.schema(request))
-        except RequestFailed as error:
-            self.failures.record_failure(REQUEST_FAILED)
-            return _request_failure(error)
-        schema = self.fmt.schema(request)
-        result = self.fmt.parse(text, request)
-        if not self.failures.record(result):
-            self.chat.note_unparsed(schema)
-            return RolloutVerdict.failure(result.reason, result.detail)
-        steps = result.values.get("step_k")
+        call = await read_call(self.chat, self.failures, self.fmt.messages(request), self.fmt.schema(request),
+                               lambda text: self.fmt.parse(text, request))
+        if not call.ok:
+            return call.verdict()
+        steps = call.values.get("step_k")
         return RolloutVerdict(
-            satisfied=tuple(result.values["satisfied_k"].tolist()),
+            satisfied=tuple(call.values["satisfied_k"].tolist()),
             item_step=None if steps is None else tuple(steps.tolist()),
         )
 
@@ -386,37 +452,43 @@ class RolloutLLMJudge(_LLMJudge):
 
 
 class CriterionLLMJudge(_LLMJudge):
-    """One chat call per (rollout, criterion) (module docstring); `fmt` is e.g. `rating_format()`."""
+    """One chat call per (rollout, criterion) (module docstring); `fmt` is e.g. `rating_format()`;
+    `failed_criterion` (FAILED_CRITERION) what a call whose answer failed does to its rollout: "fail_rollout"
+    (default) or "score_zero" (RGR-GRPO's "parse failure scores 0")."""
 
-    def __init__(self, chat: ChatClient, fmt: CriterionFormat, failures: Optional[FailureCounter] = None):
+    def __init__(self, chat: ChatClient, fmt: CriterionFormat, failures: Optional[FailureCounter] = None,
+                 failed_criterion: str = "fail_rollout"):
+        if failed_criterion not in FAILED_CRITERION:
+            raise ValueError(f"failed_criterion must be one of {FAILED_CRITERION}, got {failed_criterion!r}")
         super().__init__(chat, failures)
         self.fmt = fmt
-
-    async def _rate(self, request: JudgeRequest, k: int) -> float:
-        schema = self.fmt.schema()
-        text = await self.chat.complete(self.fmt.messages(request, k), schema)
-        result = self.fmt.parse(text)
-        if not self.failures.record(result):
-            self.chat.note_unparsed(schema)
-        return float(result.values["rating"]) if result.ok else 0.0
+        self.failed_criterion = failed_criterion
 
     async def _judge_one(self, request: JudgeRequest) -> RolloutVerdict:
-        ratings = await asyncio.gather(
-            *(self._rate(request, k) for k in range(len(request.rubric.criteria))), return_exceptions=True
-        )
-        failed = [r for r in ratings if isinstance(r, BaseException)]
-        for error in failed:
-            if not isinstance(error, RequestFailed):
-                raise error
-        if failed:
-            self.failures.record_failure(REQUEST_FAILED)
-            return _request_failure(failed[0])
-        return RolloutVerdict(satisfied=tuple(ratings))
+        criteria = request.rubric.criteria
+        schema = self.fmt.schema()
+        calls = await asyncio.gather(*(read_call(self.chat, self.failures, self.fmt.messages(request, k), schema,
+                                                 self.fmt.parse) for k in range(len(criteria))))
+        failed = [k for k, call in enumerate(calls) if not call.ok]
+        failing = failed if self.failed_criterion == "fail_rollout" else \
+            [k for k in failed if calls[k].reason == REQUEST_FAILED]
+        if failing:
+            k = failing[0]
+            detail = f"criteria[{k}] {_short(criteria[k].text)}: {calls[k].detail}"
+            if len(failed) > 1:
+                detail += f" ({len(failed)} of {len(criteria)} criterion calls failed)"
+            return calls[k].verdict(detail)
+        return RolloutVerdict(satisfied=tuple(float(call.values["rating"]) if call.ok else 0.0 for call in calls))
 
     async def ajudge(self, requests: Sequence[JudgeRequest], max_items: int) -> Verdicts:
         check_requests(requests, max_items)
         verdicts = await asyncio.gather(*(self._judge_one(r) for r in requests))
         return Verdicts.from_rollouts(verdicts, max_items)
+
+
+def _short(text: str, chars: int = 60) -> str:
+    """A criterion's text quoted for a failure's detail, cut to `chars` characters."""
+    return repr(text if len(text) <= chars else text[:chars] + "...")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -440,11 +512,12 @@ class LLMMetaVerifier:
     criterion: None (VALID), the INVALID category as the prompt names it, or UNLISTED_CATEGORY (an INVALID
     verdict naming no category: still a rejection).
 
-    Failures never raise. A request that fails after its retries (counted "request_failed") or an answer that does
-    not parse (counted by the parser's reason) leaves the criterion not verified: its entry is
-    META_VERIFIER_FAILED, a rejection (the parser's failure fill: "a rubric the meta-verifier did not clear is not
-    used"), so a broken meta-verifier can only shrink the rubric, never let an unaudited criterion into the
-    reward. `failures` counts every verdict read since creation; `http_stats()` the requests, as a judge's do.
+    Failures never raise. A failed call (`read_call`: a request that failed after its retries, an answer cut by
+    max_tokens, or one that does not parse, each counted by its reason) leaves the criterion not verified: its
+    entry is META_VERIFIER_FAILED, a rejection (the parser's failure fill: "a rubric the meta-verifier did not
+    clear is not used"), so a broken meta-verifier can only shrink the rubric, never let an unaudited criterion
+    into the reward. `failures` counts every call since creation (`call_counts()` as a judge's), and a failed answer is
+    logged with its raw text as a judge's is (`read_call`); `http_stats()` the requests, as a judge's do.
     """
 
     def __init__(self, chat: ChatClient, domain: str = "writing_science", failures: Optional[FailureCounter] = None):
@@ -470,18 +543,13 @@ class LLMMetaVerifier:
         return [tuple(verdicts[end - len(r.criteria):end]) for r, end in zip(requests, ends)]
 
     async def _verify_one(self, messages: Messages) -> Optional[str]:
-        try:
-            text = await self.chat.complete(messages, self.schema)
-        except RequestFailed:
-            self.failures.record_failure(REQUEST_FAILED)
+        call = await read_call(self.chat, self.failures, messages, self.schema,
+                               lambda text: parsing.parse_meta_verdict(text, categories=self.categories))
+        if not call.ok:
             return META_VERIFIER_FAILED
-        result = parsing.parse_meta_verdict(text, categories=self.categories)
-        if not self.failures.record(result):
-            self.chat.note_unparsed(self.schema)
-            return META_VERIFIER_FAILED
-        if result.values["valid"]:
+        if call.values["valid"]:
             return None
-        category = int(result.values["category"])
+        category = int(call.values["category"])
         return self.categories[category] if category >= 0 else UNLISTED_CATEGORY
 
     def http_stats(self) -> ClientStats:
@@ -489,6 +557,9 @@ class LLMMetaVerifier:
 
     def format_metrics(self) -> dict[str, float]:
         return self.chat.format_metrics()
+
+    def call_counts(self) -> dict[str, int]:
+        return call_counts(self.chat, self.failures)
 
     def close(self) -> None:
         self.chat.http.close()

@@ -7,10 +7,12 @@ One JSON object a line (`judged_rollout_to_json`):
      "rubric": Rubric.to_dict(), "reference": str | null, "num_steps": int | null,
      "conversation": [{"role", "content"}, ...] | null,
      "verdict": {"satisfied": [float in [0, 1], one per criterion], "item_step": [int, ...] | null,
-                 "reason": "" | a failure code, "detail": "" | the failure's free text}}
+                 "reason": "" | a failure code, "detail": "" | the failure's free text,
+                 "answer": "" | the failed call's raw answer (`judges.base.kept_answer`: cut, and marked so)}}
 
 `verdict` is optional (an item written by hand to be judged has none); a failed verdict has `reason` set and no
-scores (`satisfied` empty, `item_step` null). `step` is the training step whose experience the rollout is (1-based,
+scores (`satisfied` empty, `item_step` null). `answer` is optional on reading ("" when absent: files written
+before it was kept). `step` is the training step whose experience the rollout is (1-based,
 as in metrics.jsonl), null outside training. Reading is strict (`judged_rollout_from_json`): unknown keys, wrong
 types, a rubric that does not validate, scores that do not match the rubric's length, a failed verdict with
 scores are ValueErrors naming the file's line, because these files feed statistics, where a silently dropped
@@ -29,7 +31,7 @@ from rubric_jax.judges.base import Judge, JudgeRequest, RolloutVerdict, Verdicts
 from rubric_jax.rubrics.schema import Rubric
 
 _KEYS = ("id", "step", "question", "response", "rubric", "reference", "num_steps", "conversation", "verdict")
-_VERDICT_KEYS = ("satisfied", "item_step", "reason", "detail")
+_VERDICT_KEYS = ("satisfied", "item_step", "reason", "detail", "answer")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,7 +68,7 @@ def verdict_rows(verdicts: Verdicts, requests: Sequence[JudgeRequest]) -> list[R
     rows = []
     for b, request in enumerate(requests):
         if verdicts.failed_b[b]:
-            rows.append(RolloutVerdict.failure(verdicts.reasons[b], verdicts.details[b]))
+            rows.append(RolloutVerdict.failure(verdicts.reasons[b], verdicts.details[b], verdicts.answers[b]))
             continue
         k = len(request.rubric.criteria)
         steps = verdicts.item_step_bk[b, :k]
@@ -91,6 +93,7 @@ def judged_rollout_to_json(record: JudgedRollout) -> dict[str, Any]:
             "item_step": None if verdict.item_step is None else list(verdict.item_step),
             "reason": verdict.reason,
             "detail": verdict.detail,
+            "answer": verdict.answer,
         },
     }
 
@@ -109,9 +112,9 @@ def _verdict_from_json(data: Any) -> Optional[RolloutVerdict]:
         raise ValueError(f"verdict.satisfied must be a list of numbers, got {satisfied!r}")
     if item_step is not None and not (isinstance(item_step, list) and all(_is_int(k) for k in item_step)):
         raise ValueError(f"verdict.item_step must be a list of ints or null, got {item_step!r}")
-    try:  # RolloutVerdict checks the scores' range, the steps' length and that a failure has neither
+    try:  # RolloutVerdict checks the scores' range, the steps' length, that a failure has neither, the answer's size
         return RolloutVerdict(satisfied=tuple(satisfied), item_step=item_step, reason=data.get("reason", ""),
-                              detail=data.get("detail", ""))
+                              detail=data.get("detail", ""), answer=data.get("answer", ""))
     except ValueError as error:
         raise ValueError(f"verdict: {error}") from None
 
@@ -242,6 +245,9 @@ class RecordingJudge(Judge):
 
     def format_metrics(self) -> dict[str, float]:
         return self.inner.format_metrics()
+
+    def call_counts(self) -> dict[str, int]:
+        return self.inner.call_counts()
 
     def close(self) -> None:
         self.inner.close()

@@ -33,8 +33,8 @@ METRICS_FILE = "metrics.jsonl"
 SAMPLES_FILE = "samples.jsonl"
 # The eval/* keys are on the console on the steps where an evaluation ran (a key a step lacks is not shown);
 # eval/accuracy only for tasks with outcome answers, eval/points_score only for rubrics with signed points.
-DEFAULT_CONSOLE_KEYS = ("reward/mean", "judge/failure_rate", "train/loss", "train/grad_norm", "train/entropy",
-                        "eval/rubric_score", "eval/points_score", "eval/accuracy")
+DEFAULT_CONSOLE_KEYS = ("reward/mean", "judge/failure_rate", "judge/call_failure_rate", "train/loss", "train/grad_norm",
+                        "train/entropy", "eval/rubric_score", "eval/points_score", "eval/accuracy")
 
 
 def _scalar(key: str, value) -> Union[int, float]:
@@ -102,7 +102,7 @@ class MetricsWriter:
         total_steps: Optional[int] = None,
         resume_step: Optional[int] = None,
         console_keys: Sequence[str] = DEFAULT_CONSOLE_KEYS,
-        stream: TextIO = sys.stdout,
+        stream: Optional[TextIO] = None,
     ):
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -125,7 +125,8 @@ class MetricsWriter:
                 purge_step=None if resume_step is None else resume_step + 1,
                 filename_suffix=f".{time.time_ns()}",
             )
-        self._stream = stream if console else None
+        # sys.stdout when the writer opens, not when this module was imported (a redirected stdout is honoured).
+        self._stream = (sys.stdout if stream is None else stream) if console else None
         self._total_steps = total_steps
         self._console_keys = tuple(console_keys)
         self._start = time.monotonic()

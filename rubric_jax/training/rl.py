@@ -135,7 +135,8 @@ class SampledExperience:
     """One step's experience as the learner takes it (`sample_experience`): the recipe's output, the entries it
     adds to the step's metrics line (the recipe's metrics, the prompt metrics, "time/generation" and
     "time/judging", "rollout/weight_step": the updates of the weights it was sampled from, "rollout/policy_lag":
-    the step's updates before it minus those), and its judged rollouts to log (None when the step logs none)."""
+    the step's updates before it minus those, the judge's and the meta-verifier's calls of the step as
+    `call_metrics`), and its judged rollouts to log (None when the step logs none)."""
 
     experience: Experience
     metrics: dict[str, float]
@@ -153,6 +154,8 @@ def sample_experience(algorithm, examples: list, context: RolloutContext, record
     timer = PhaseTimer()
     context = dataclasses.replace(context, timer=timer, prompt_metrics={})
     keeps = logs_rollouts or keeps_samples
+    callers = {"judge": recorder, "meta_verifier": context.meta_verifier}
+    calls_before = {name: caller.call_counts() for name, caller in callers.items() if caller is not None}
     recorder.recording = keeps
     try:
         experience = algorithm.experience(examples, context, step)
@@ -161,14 +164,31 @@ def sample_experience(algorithm, examples: list, context: RolloutContext, record
     times = {name: seconds for name, seconds in timer.metrics().items() if name != "time/step"}
     metrics = {**experience.metrics, **{name: float(value) for name, value in context.prompt_metrics.items()},
                **times, "rollout/weight_step": float(weight_step), "rollout/policy_lag": float(step - weight_step)}
+    for name, before in calls_before.items():
+        metrics.update(call_metrics(name, before, callers[name].call_counts()))
     records = recorder.take(step + 1) if keeps else None
     return SampledExperience(experience, metrics, records, logs_rollouts)
+
+
+def call_metrics(name: str, before: dict[str, int], after: dict[str, int]) -> dict[str, float]:
+    """The calls an LLM judge or meta-verifier made between two of its `call_counts` (`judges.llm.call_counts`),
+    as one step's metrics under `name`: "<name>/calls", "<name>/call_failures", "<name>/call_failed/<reason>"
+    (the reasons met in the step), "<name>/schema_violations" and "<name>/call_failure_rate" (the step's failed
+    calls over its calls; absent without calls). {} for a judge without a chat server."""
+    step = {key: count - before.get(key, 0) for key, count in after.items()}
+    metrics = {f"{name}/{key}": float(count) for key, count in step.items()
+               if count or not key.startswith("call_failed/")}
+    if step.get("calls"):
+        metrics[f"{name}/call_failure_rate"] = step["call_failures"] / step["calls"]
+    return metrics
 
 
 def samples_of(records: list[JudgedRollout], count: int) -> list[dict[str, Any]]:
     """The first `count` judged rollouts as samples to read (`RolloutLogConfig.samples_per_step`): id, question,
     response, each criterion with its weight and verdict, the rubric score (the weighted fraction of the rubric
-    satisfied, as "eval/rubric_score"; a recipe's reward may shape it further) and the judge's failure reason."""
+    satisfied, as "eval/rubric_score"; a recipe's reward may shape it further), the judge's failure reason, its
+    detail and the failed call's raw answer (cut, `judges.base.kept_answer`; null when the judge did not fail or
+    kept none)."""
     samples = []
     for record in records[:count]:
         criteria, verdict = record.request.rubric.criteria, record.verdict
@@ -179,7 +199,8 @@ def samples_of(records: list[JudgedRollout], count: int) -> list[dict[str, Any]]
         samples.append({"id": record.id, "question": record.request.question, "response": record.request.response,
                         "criteria": [{"text": c.text, "weight": c.weight, "satisfied": s}
                                      for c, s in zip(criteria, satisfied)],
-                        "rubric_score": score, "judge_failure": verdict.reason or None})
+                        "rubric_score": score, "judge_failure": verdict.reason or None,
+                        "judge_detail": verdict.detail or None, "judge_answer": verdict.answer or None})
     return samples
 
 
@@ -385,25 +406,31 @@ def prompt_refusal(algorithm: Any, task: Any, config: RLConfig, model: Any = Non
 
 
 class JudgeFailureBudget:
-    """The judge's failure budget (`JudgeConfig`): `observe` counts the consecutive steps whose
-    "judge/failure_rate" exceeds `max_failure_rate` and raises RunStopped at the `max_failing_steps`-th, before
-    that step's update."""
+    """The judge's failure budget (`JudgeConfig`): `observe` counts the consecutive steps whose failure rate, the
+    larger of "judge/failure_rate" (failed rollouts) and "judge/call_failure_rate" (failed calls: with
+    judge.failed_criterion score_zero a failed criterion call leaves its rollout judged), exceeds
+    `max_failure_rate`, and raises RunStopped at the `max_failing_steps`-th, before that step's update."""
+
+    RATES = ("judge/failure_rate", "judge/call_failure_rate")
 
     def __init__(self, config: JudgeConfig):
         self.config = config
         self.failing_steps = 0
 
     def observe(self, metrics: dict[str, float], step: int) -> None:
-        rate, limit = metrics.get("judge/failure_rate"), self.config.max_failure_rate
+        rates = {key: metrics[key] for key in self.RATES if key in metrics}
+        name, rate = max(rates.items(), key=lambda item: item[1], default=(None, None))
+        limit = self.config.max_failure_rate
         if rate is None or rate <= limit:
             self.failing_steps = 0
             return
         self.failing_steps += 1
         if self.failing_steps < self.config.max_failing_steps:
             return
-        reasons = sorted(key.removeprefix("judge/failed/") for key in metrics if key.startswith("judge/failed/"))
+        reasons = sorted({key.split("/")[-1] for key in metrics
+                          if key.startswith(("judge/failed/", "judge/call_failed/"))})
         where = f" at {self.config.url}" if self.config.kind == "llm" else ""
-        raise RunStopped(f"judge/failure_rate was above judge.max_failure_rate ({limit:g}) on "
+        raise RunStopped(f"{name} was above judge.max_failure_rate ({limit:g}) on "
                          f"{self.failing_steps} consecutive steps (step {step}: {rate:.0%}"
                          + (f"; {', '.join(reasons)}" if reasons else "") + f"): the judge{where} is failing, so "
                          f"the rewards are failures, not judgements; stopped before step {step}'s update (the "
@@ -416,9 +443,9 @@ def make_judge(config: JudgeConfig, task: Any, seed: int) -> Judge:
         return task.judge()
     chat = _chat_client(config, seed, "judge")
     if config.format == "rating":
-        return llm.CriterionLLMJudge(chat, llm.rating_format())
+        return llm.CriterionLLMJudge(chat, llm.rating_format(), failed_criterion=config.failed_criterion)
     if config.format == "healthbench":
-        return llm.CriterionLLMJudge(chat, llm.healthbench_format())
+        return llm.CriterionLLMJudge(chat, llm.healthbench_format(), failed_criterion=config.failed_criterion)
     formats = {"grounded": lambda: llm.grounded_format(config.max_grounding_chars), "srar": llm.srar_format,
                "rlcer_verifier": llm.rlcer_verifier_format}
     return llm.RolloutLLMJudge(chat, formats[config.format]())

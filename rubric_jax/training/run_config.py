@@ -315,6 +315,9 @@ def _check_chat_role(config: Any, section: str) -> None:
     check_credentials(config.api_key_env, config.headers, section)
 
 
+CRITERION_FORMATS = ("rating", "healthbench")  # the judge formats of one call per criterion
+
+
 @dataclasses.dataclass(frozen=True)
 class JudgeConfig:
     """Who judges the rollouts: "task", the task's own judge (programmatic on the synthetic tasks), or "llm", an
@@ -324,15 +327,19 @@ class JudgeConfig:
     criterion) or "healthbench" (HealthBench's grader, one call per criterion, shown the whole conversation).
     `max_in_flight` bounds concurrent calls; `max_attempts` and `timeout_s` are the retry policy.
     `max_grounding_chars`: format "grounded" only, the grounding passage cut to its first characters (the paper's
-    "maximum passage length"; None: the whole passage).
+    "maximum passage length"; None: the whole passage). `failed_criterion`: formats "rating" and "healthbench"
+    only, what a criterion call that failed (its answer unparsed, off the schema or cut by max_tokens) does:
+    "fail_rollout" (default: the rollout's judgement failed, counted in "judge/failure_rate") or "score_zero"
+    (RGR-GRPO's "parse failure scores 0": the criterion scores 0 and the rollout stays judged; the call still
+    counts in "judge/call_failure_rate", which the failure budget also watches; `judges.llm`).
 
     Authentication: `api_key_env`, the name of an environment variable whose value is sent as
     "Authorization: Bearer <value>" (the key never enters the config, config.yaml or the logs), and `headers`,
     sent with every request. Health: before step 1 a run sends the server one real request (`judges.preflight`)
     and stops (exit 1, one line) when it does not answer, refuses the credentials or a `model` it does not list,
-    or answers what does not parse in `format`; it stops the same way when "judge/failure_rate" exceeds
-    `max_failure_rate` on `max_failing_steps` consecutive steps (a run whose rewards are judge failures cannot
-    learn). `max_failure_rate: 1.0` turns that off."""
+    or answers what does not parse in `format`; it stops the same way when "judge/failure_rate" (or the per-call
+    "judge/call_failure_rate", when larger) exceeds `max_failure_rate` on `max_failing_steps` consecutive steps (a
+    run whose rewards are judge failures cannot learn). `max_failure_rate: 1.0` turns that off."""
 
     kind: Literal["task", "llm"] = "task"
     url: Optional[str] = None
@@ -348,9 +355,13 @@ class JudgeConfig:
     headers: dict = dataclasses.field(default_factory=dict)
     max_failure_rate: float = 0.5
     max_failing_steps: int = 3
+    failed_criterion: Literal["fail_rollout", "score_zero"] = "fail_rollout"
 
     def __post_init__(self):
         _check_chat_role(self, "judge")
+        _require(self.failed_criterion == "fail_rollout" or (self.kind == "llm" and self.format in CRITERION_FORMATS),
+                 f"judge.failed_criterion {self.failed_criterion} is for kind llm with a format of one call per "
+                 f"criterion ({', '.join(CRITERION_FORMATS)}), got kind {self.kind}, format {self.format}")
         _require(0 <= self.max_failure_rate <= 1, f"judge.max_failure_rate must be in [0, 1], got "
                                                   f"{self.max_failure_rate}")
         _require(self.max_failing_steps >= 1, f"judge.max_failing_steps must be >= 1, got {self.max_failing_steps}")

@@ -855,6 +855,8 @@ def test_an_evorubric_step_on_a_dataset_task_runs_every_role_over_http(tmp_path)
     assert last["meta_verifier/requests"] == 8 and last["meta_verifier/retries"] == 1
     assert last["meta_verifier/request_failures"] == 0 and last["judge/requests"] == 40
     assert last["judge/retries"] == 0 and last["judge/failure_rate"] == 0
+    assert last["judge/calls"] == 40 and last["judge/call_failures"] == 0
+    assert last["meta_verifier/call_failures"] == 0 and last["meta_verifier/call_failure_rate"] == 0
     assert last["evorubric/meta_rejected_fraction"] == 0.25 and last["evorubric/meta_rejected/trivial_cliche"] == 0.25
     assert last["evorubric/generator_format_rate"] == 1 and last["evorubric/pruned_fraction"] == 0
     assert last["evorubric/archived"] == 6 and last["evorubric/pool_size"] == 6

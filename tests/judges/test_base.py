@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rubric_jax.judges.base import Judge, JudgeRequest, RolloutVerdict, Verdicts, check_requests
+from rubric_jax.judges.base import (ANSWER_CHARS, Judge, JudgeRequest, RolloutVerdict, Verdicts, check_requests,
+                                    kept_answer)
 from rubric_jax.rubrics.schema import Criterion, Rubric
 
 RUBRIC = Rubric(criteria=(Criterion(text="states the answer"), Criterion(text="shows a step")))
@@ -56,12 +57,30 @@ def test_from_rollouts_of_no_rollout():
         (dict(satisfied=(1, 0), item_step=(1,)), "item_step has 1 entries for 2 items"),
         (dict(satisfied=(1,), item_step=(2**31,)), "fit int32"),
         (dict(satisfied=(1,), reason="no_json"), "carries no scores"),
-        (dict(detail="why"), "detail without a failure reason"),
+        (dict(detail="why"), "detail or answer without a failure reason"),
+        (dict(answer="maybe?"), "detail or answer without a failure reason"),
+        (dict(reason="no_json", answer="x" * 400), "a kept answer is a str of at most"),
+        (dict(reason="no_json", answer=None), "must be str"),
     ],
 )
 def test_rollout_verdict_rejects_programmer_errors(kwargs, match):
     with pytest.raises(ValueError, match=match):
         RolloutVerdict(**kwargs)
+
+
+def test_kept_answer_cuts_long_answers_and_marks_them():
+    assert kept_answer("") == "" and kept_answer("x" * ANSWER_CHARS) == "x" * ANSWER_CHARS
+    cut = kept_answer("é" * (ANSWER_CHARS + 1))
+    assert cut == "é" * ANSWER_CHARS + f" [... cut: {ANSWER_CHARS + 1} characters in all]"
+    assert RolloutVerdict.failure("no_json", "", kept_answer("y" * 10**6)).answer.endswith("1000000 characters in all]")
+
+
+def test_failed_answers_travel_through_from_rollouts_and_concatenate():
+    rows = [RolloutVerdict(satisfied=(1,)), RolloutVerdict.failure("no_json", "none", "maybe?")]
+    verdicts = Verdicts.from_rollouts(rows, max_items=2)
+    assert verdicts.answers == ("", "maybe?")
+    assert Verdicts.concatenate([verdicts, verdicts]).answers == ("", "maybe?") * 2
+    assert _verdicts().answers == ("", "")  # absent: none kept
 
 
 def test_failure_needs_a_reason():
@@ -102,6 +121,9 @@ def _verdicts(**changes):
         (dict(satisfied_bk=np.full((2, 3), np.nan)), r"\[0, 1\]"),
         (dict(reasons=("",)), "one entry per rollout"),
         (dict(details=("",)), "one entry per rollout"),
+        (dict(answers=("",)), "one entry per rollout"),
+        (dict(answers=("maybe?", "")), "answer is kept for a failed rollout only"),
+        (dict(answers=("", "x" * 400)), "a kept answer is a str of at most"),
         (dict(reasons=("", "")), "failed exactly when it has a reason"),
         (dict(reasons=("oops", "timeout")), "failed exactly when it has a reason"),
         (dict(satisfied_bk=np.array([[0, 0, 0], [1, 0, 0]])), "every item unsatisfied and step -1"),

@@ -41,11 +41,14 @@ from rubric_jax.data import synthesis
 from rubric_jax.judges import preflight
 from rubric_jax.rubrics import parsing
 from rubric_jax.training import rl
-from rubric_jax.training.run_config import JudgeConfig
+from rubric_jax.training.metrics import read_metrics
+from rubric_jax.training.run_config import JudgeConfig, RolloutConfig
 from rubric_jax.yaml_config import load_config
 from tests.judges import llama_cpp
 from tests.judges.test_llm import srar_request
 from tests.judges.test_real_server import GROUNDED_RUBRIC, RGR_RUBRIC, ask
+from tests.training.test_rl import tiny_rl_config
+from tests.training.toy_task import RUBRIC as TOY_RUBRIC, toy_task
 
 llama_server = llama_cpp.llama_server  # the fixture this module uses
 llama_gguf = llama_cpp.llama_gguf
@@ -83,7 +86,7 @@ def rgr_requests() -> list[JudgeRequest]:
 def test_under_the_schema_every_rating_parses_and_without_it_none_does(make_chat, dialect):
     """One call per (rollout, criterion), greedy: under the schema each answer is {"rating": 0 | 1} and the
     criterion scores what it says, with no failure and no violation; the same calls without a schema are free
-    text from the random model, none of which parses (each criterion scored 0 and counted)."""
+    text from the random model, none of which parses: every call failed and counted, every rollout failed."""
     fmt, requests = rating_format(), rgr_requests()
     oracle = make_chat(dialect)
     parses = [fmt.parse(ask(oracle, fmt.messages(r, k), fmt.schema())) for r in requests for k in range(2)]
@@ -95,12 +98,14 @@ def test_under_the_schema_every_rating_parses_and_without_it_none_does(make_chat
     np.testing.assert_array_equal(verdicts.satisfied_bk.reshape(-1), [p.values["rating"] for p in parses])
     assert judge.failures.failed == 0 and judge.http_stats() == ClientStats(requests=4, attempts=4)
     assert judge.format_metrics() == {"response_format": {"json_schema": 2.0, "json_object": 1.0}[dialect],
-                                      "dialect_changes": 0.0, "schema_violations": 0.0}
+                                      "dialect_changes": 0.0}
+    assert judge.call_counts() == {"calls": 4, "call_failures": 0, "schema_violations": 0}
 
     free = CriterionLLMJudge(make_chat("none"), fmt)
     verdicts = free.judge(requests, max_items=2)
     np.testing.assert_array_equal(verdicts.satisfied_bk, 0)
-    assert free.failures.failed == 4 and free.format_metrics()["schema_violations"] == 0  # none was asked for
+    assert verdicts.failed_b.tolist() == [True, True] and all(verdicts.answers)
+    assert free.failures.failed == 4 and free.call_counts()["schema_violations"] == 0  # none was asked for
 
 
 @pytest.mark.parametrize(
@@ -128,7 +133,22 @@ def test_what_the_grammar_cannot_enforce_fails_in_the_parser_and_counts_as_a_vio
     assert verdicts.reasons == tuple(p.reason for p in parses) and verdicts.details == tuple(p.detail for p in parses)
     assert judge.failures.by_reason == collections.Counter(verdicts.reasons)
     assert judge.http_stats() == ClientStats(requests=n, attempts=n)
-    assert judge.format_metrics() == {"response_format": 2.0, "dialect_changes": 0.0, "schema_violations": n}
+    assert judge.format_metrics() == {"response_format": 2.0, "dialect_changes": 0.0}
+    assert judge.call_counts()["schema_violations"] == n
+
+
+def test_a_training_run_judged_under_the_schema_in_rating_format_has_no_failed_call(llama_server, tmp_path):
+    """`rubric-jax train`'s loop with this server as its `format: rating` judge (one prompt, two samples, one
+    step): every criterion call parses, so judge/failure_rate and judge/call_failure_rate are 0 and the run ends."""
+    judge = JudgeConfig(kind="llm", url=llama_server.base_url, model=llama_server.model, format="rating",
+                        max_tokens=MAX_TOKENS, max_attempts=2, timeout_s=300.0)
+    config = tiny_rl_config(tmp_path, steps=1, judge=judge,
+                            rollout=RolloutConfig(prompts_per_step=1, group_size=2, max_new_tokens=8))
+    rl.train_rl(config, toy_task())
+    (line,) = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert line["judge/failure_rate"] == line["judge/call_failure_rate"] == 0
+    assert line["judge/calls"] == line["judge/requests"] == 2 * len(TOY_RUBRIC.criteria)
+    assert line["judge/call_failures"] == line["judge/schema_violations"] == 0
 
 
 def test_the_preflight_passes_and_the_server_answers_under_any_model_name(make_chat, llama_server, caplog):

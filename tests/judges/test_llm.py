@@ -3,16 +3,18 @@ EvoRubric's LLM meta-verifier: one call per criterion, verdicts per criterion, f
 
 import asyncio
 import json
+import logging
 
 import numpy as np
 import pytest
 
 from rubric_jax.inference.http import JsonHttpClient, MalformedResponse, RetryPolicy
-from rubric_jax.judges.base import JudgeRequest
+from rubric_jax.judges.base import ANSWER_CHARS, JudgeRequest
 from rubric_jax.judges.llm import (
     CHAT_PATH,
     META_VERIFIER_FAILED,
     REQUEST_FAILED,
+    TRUNCATED,
     UNLISTED_CATEGORY,
     ChatClient,
     ChatSettings,
@@ -22,12 +24,13 @@ from rubric_jax.judges.llm import (
     RolloutLLMJudge,
     chat_reply,
     grounded_format,
+    healthbench_format,
     rating_format,
     rlcer_verifier_format,
     srar_format,
 )
 from rubric_jax.rubrics.schema import Criterion, ItemKind, Rubric
-from tests.inference.standin_server import StandinServer, http_error
+from tests.inference.standin_server import StandinServer, Truncated, http_error
 
 FAST_RETRY = RetryPolicy(max_attempts=3, initial_backoff_s=0.01, max_backoff_s=0.02, timeout_s=10.0)
 
@@ -137,7 +140,8 @@ def test_a_4xx_to_a_schema_moves_to_the_next_dialect_once_that_works(server, mak
     assert judge.chat.dialect == "json_object" and judge.chat.dialect_changes == 1
     judge.judge([srar_request("y")], max_items=3)
     assert _formats(server) == ["json_object", "json_object"]  # the 400 was not recorded
-    assert judge.format_metrics() == {"response_format": 1.0, "dialect_changes": 1.0, "schema_violations": 0.0}
+    assert judge.format_metrics() == {"response_format": 1.0, "dialect_changes": 1.0}
+    assert judge.call_counts() == {"calls": 2, "call_failures": 0, "schema_violations": 0}
     assert "schema" in server.chat_requests[0]["response_format"]
 
 
@@ -175,7 +179,8 @@ def test_a_server_that_ignores_the_schema_shows_as_schema_violations(server, mak
     judge = make_judge(server, RolloutLLMJudge, srar_format())
     verdicts = judge.judge([srar_request("x"), srar_request("y")], max_items=3)
     assert verdicts.failed_b.all() and judge.chat.dialect == "json_schema"
-    assert judge.format_metrics()["schema_violations"] == 2.0
+    assert judge.call_counts() == {"calls": 2, "call_failures": 2, "call_failed/no_json": 2, "schema_violations": 2}
+    assert verdicts.answers == ("The response looks fine to me.",) * 2  # the raw answer is kept
 
 
 def test_rollouts_are_judged_concurrently(server, make_judge):
@@ -213,32 +218,134 @@ def test_rlcer_verifier_judges_every_rubric_in_one_call(server, make_judge):
     assert len(server.chat_requests) == 3
 
 
-def test_criterion_judge_one_call_per_criterion_and_unparsable_rating_scores_zero(server, make_judge):
-    rubric = Rubric(
-        criteria=(
-            Criterion("States 42", weight=2.0, kind=ItemKind.FACTUAL),
-            Criterion("Explains the method", weight=1.0, kind=ItemKind.PROCESS),
-            Criterion("Cites the source", weight=1.0, kind=ItemKind.PROCESS),
-        ),
-        format="rgr",
-    )
+RGR_RUBRIC = Rubric(
+    criteria=(
+        Criterion("States 42", weight=2.0, kind=ItemKind.FACTUAL),
+        Criterion("Explains the method", weight=1.0, kind=ItemKind.PROCESS),
+        Criterion("Cites the source", weight=1.0, kind=ItemKind.PROCESS),
+    ),
+    format="rgr",
+)
+
+
+def criterion_responder(answers):
+    """A responder answering each criterion of RGR_RUBRIC (found by its text in the prompt) from `answers`."""
+    return lambda messages: next(a for text, a in answers.items() if text in user_text(messages))
+
+
+def test_criterion_judge_one_call_per_criterion(server, make_judge):
+    server.responder = criterion_responder({"States 42": '{"rating": 1}', "Explains the method": '{"rating": 0}',
+                                            "Cites the source": "```json\n{\"rating\": 1}\n```"})
+    judge = make_judge(server, CriterionLLMJudge, rating_format())
+    verdicts = judge.judge([JudgeRequest(question="q", response="r", rubric=RGR_RUBRIC)], max_items=4)
+    np.testing.assert_array_equal(verdicts.satisfied_bk, [[1, 0, 1, 0]])
+    assert not verdicts.failed_b.any() and verdicts.answers == ("",)
+    assert len(server.chat_requests) == 3
+    assert judge.failures.by_reason == {} and judge.failures.parsed == 3
+    assert all(b["response_format"]["json_schema"]["schema"]["required"] == ["rating"] for b in server.chat_requests)
+
+
+# Per criterion format: its answer meaning "met", and one failed answer of each kind with the call's reason.
+CRITERION_FORMATS = {
+    "rating": (rating_format, '{"rating": 1}', {
+        "garbage": ("I would say the response is quite good.", "no_json"),
+        "off_schema": ('{"rating": 7}', "out_of_bounds"),
+        "wrong_field": ('{"score": 1}', "schema"),
+        "truncated": (Truncated('{"rating": 1, "why": "the resp'), TRUNCATED),
+    }),
+    "healthbench": (healthbench_format, '```json\n{"explanation": "ok", "criteria_met": true}\n```', {
+        "garbage": ("Yes, the criterion is met.", "no_json"),
+        "off_schema": ('{"explanation": "ok", "criteria_met": "true"}', "schema"),
+        "wrong_field": ('{"explanation": "ok", "met": true}', "schema"),
+        "truncated": (Truncated('{"explanation": "The response names'), TRUNCATED),
+    }),
+}
+
+
+@pytest.mark.parametrize("name, kind", [(name, kind) for name, (_, _, failed) in CRITERION_FORMATS.items()
+                                        for kind in failed])
+def test_criterion_judge_a_failed_criterion_call_fails_the_rollout(server, make_judge, name, kind):
+    """Mixed: two of three criteria parse, one fails; the rollout fails with that call's reason, a detail naming the
+    criterion, and its raw answer; the other rollout of the batch, all parsed, is judged."""
+    fmt, met, failed = CRITERION_FORMATS[name]
+    answer, reason = failed[kind]
 
     def responder(messages):
-        text = user_text(messages)
-        if "States 42" in text:
-            return '{"rating": 1}'
-        if "Explains the method" in text:
-            return '{"rating": 7}'  # out of bounds: the criterion scores 0, counted
-        return "```json\n{\"rating\": 1}\n```"
+        if "BAD" in user_text(messages) and "Explains the method" in user_text(messages):
+            return answer
+        return met
 
     server.responder = responder
-    judge = make_judge(server, CriterionLLMJudge, rating_format())
-    verdicts = judge.judge([JudgeRequest(question="q", response="r", rubric=rubric)], max_items=4)
-    np.testing.assert_array_equal(verdicts.satisfied_bk, [[1, 0, 1, 0]])
-    assert not verdicts.failed_b.any()
-    assert len(server.chat_requests) == 3
-    assert judge.failures.by_reason == {"out_of_bounds": 1} and judge.failures.parsed == 3
-    assert all(b["response_format"]["json_schema"]["schema"]["required"] == ["rating"] for b in server.chat_requests)
+    judge = make_judge(server, CriterionLLMJudge, fmt())
+    requests = [JudgeRequest(question="q", response=r, rubric=RGR_RUBRIC) for r in ("GOOD", "BAD")]
+    verdicts = judge.judge(requests, max_items=3)
+    assert verdicts.failed_b.tolist() == [False, True] and verdicts.reasons == ("", reason)
+    np.testing.assert_array_equal(verdicts.satisfied_bk, [[1, 1, 1], [0, 0, 0]])
+    assert verdicts.details[1].startswith("criteria[1] 'Explains the method': ")
+    assert verdicts.answers == ("", str(answer))
+    assert judge.failures.parsed == 6 and judge.failures.by_reason == {reason: 1}
+    # A cut answer is max_tokens' doing, not a server ignoring the schema.
+    assert judge.call_counts()["schema_violations"] == (0 if kind == "truncated" else 1)
+
+
+def test_criterion_judge_every_call_failing_names_the_first_and_counts_them_all(server, make_judge):
+    long_answer = "Let me think about this. " * 40  # 1000 characters, cut to ANSWER_CHARS
+    server.responder = lambda messages: long_answer
+    judge = make_judge(server, CriterionLLMJudge, healthbench_format())
+    verdicts = judge.judge([JudgeRequest(question="q", response="r", rubric=RGR_RUBRIC)] * 2, max_items=3)
+    assert verdicts.reasons == ("no_json", "no_json")
+    assert verdicts.details[0].startswith("criteria[0] 'States 42': ")
+    assert verdicts.details[0].endswith("(3 of 3 criterion calls failed)")
+    assert verdicts.answers[0] == long_answer[:ANSWER_CHARS] + " [... cut: 1000 characters in all]"
+    assert judge.call_counts() == {"calls": 6, "call_failures": 6, "call_failed/no_json": 6, "schema_violations": 6}
+
+
+def test_criterion_judge_score_zero_keeps_the_rollout_judged_and_counts_the_call(server, make_judge):
+    """RGR-GRPO's "parse failure scores 0" as the explicit opt-in: the criterion scores 0, the rollout stays
+    judged, the call is counted; a failed request still fails the rollout."""
+    server.responder = criterion_responder({"States 42": '{"rating": 1}', "Explains the method": '{"rating": 7}',
+                                            "Cites the source": Truncated('{"rating": 1}')})
+    clients = JsonHttpClient(server.base_url, retry=FAST_RETRY, max_in_flight=8, seed=0)
+    judge = CriterionLLMJudge(ChatClient(clients, ChatSettings(model="judge")), rating_format(),
+                              failed_criterion="score_zero")
+    try:
+        verdicts = judge.judge([JudgeRequest(question="q", response="r", rubric=RGR_RUBRIC)], max_items=3)
+        np.testing.assert_array_equal(verdicts.satisfied_bk, [[1, 0, 0]])
+        assert not verdicts.failed_b.any()
+        assert judge.call_counts() == {"calls": 3, "call_failures": 2, "call_failed/out_of_bounds": 1,
+                                       "call_failed/truncated": 1, "schema_violations": 1}
+        def broken(messages):
+            if "Cites the source" in user_text(messages):
+                raise RuntimeError("the server breaks on this one")  # the stand-in answers 500, every attempt
+            return '{"rating": 1}'
+
+        server.responder = broken
+        verdicts = judge.judge([JudgeRequest(question="q", response="r", rubric=RGR_RUBRIC)], max_items=3)
+        assert verdicts.reasons == (REQUEST_FAILED,) and verdicts.answers == ("",)
+        assert verdicts.details[0].startswith("criteria[2] 'Cites the source': http_500")
+    finally:
+        clients.close()
+    with pytest.raises(ValueError, match="failed_criterion"):
+        CriterionLLMJudge(judge.chat, rating_format(), failed_criterion="zero")
+
+
+@pytest.mark.parametrize("fmt, rubric, reference", [
+    (srar_format(), SRAR_RUBRIC, None),
+    (grounded_format(), Rubric(criteria=(Criterion("Names the enzyme", weight=2.0),), format="rubric_grounded"),
+     "The enzyme is lactase."),
+    (rlcer_verifier_format(), Rubric(criteria=(Criterion("Checks the units", weight=3.0),), format="rlcer"), None),
+])
+def test_rollout_judges_keep_the_raw_answer_of_a_failed_or_truncated_call(server, make_judge, fmt, rubric, reference):
+    judge = make_judge(server, RolloutLLMJudge, fmt)
+    request = JudgeRequest(question="q", response="r", rubric=rubric, reference=reference)
+    server.responder = lambda m: "x" * 400
+    verdicts = judge.judge([request], max_items=3)
+    assert verdicts.reasons == ("no_json",) and verdicts.answers == ("x" * 300 + " [... cut: 400 characters in all]",)
+    server.responder = lambda m: Truncated('{"judgement": [tr')
+    verdicts = judge.judge([request], max_items=3)
+    assert verdicts.reasons == (TRUNCATED,) and verdicts.answers == ('{"judgement": [tr',)
+    assert verdicts.details[0].startswith("cut at max_tokens=2048 (")
+    assert judge.call_counts()["call_failed/truncated"] == 1
 
 
 def test_criterion_judge_request_failure_fails_the_rollout(server, make_judge):
@@ -351,6 +458,7 @@ def test_meta_verifier_one_call_per_criterion_verdicts_and_failures(server, make
     stats = verifier.http_stats()
     assert stats.requests == 5 and stats.retries == 1 and stats.failures == 0
     assert verifier.failures.parsed == 5 and verifier.failures.by_reason == {"no_json": 1}
+    assert verifier.call_counts() == {"calls": 5, "call_failures": 1, "call_failed/no_json": 1, "schema_violations": 1}
 
     body = next(b for b in server.chat_requests if target_text(b["messages"]) == "Mentions the dose")
     assert body["model"] == "meta" and body["temperature"] == 0.0
@@ -385,3 +493,26 @@ def test_meta_verifier_calls_run_concurrently_and_bad_input_raises_before_any_ca
     with pytest.raises(ValueError, match="domain"):
         LLMMetaVerifier(verifier.chat, "legal")
     assert len(server.chat_requests) == 8
+
+
+def test_meta_verifier_truncated_answer_rejects_the_criterion_and_is_counted(server, make_meta_verifier):
+    server.responder = lambda messages: Truncated('{"verdict": "VALID"}')  # it parses, but max_tokens cut it
+    verifier = make_meta_verifier(server)
+    request = MetaVerifyRequest("q", (Criterion("Names the dose", weight=3.0),), ())
+    assert verifier.verify([request]) == [(META_VERIFIER_FAILED,)]
+    assert verifier.call_counts() == {"calls": 1, "call_failures": 1, "call_failed/truncated": 1,
+                                      "schema_violations": 0}
+
+
+def test_failed_answers_are_logged_with_the_answer_collapsed_by_reason(server, make_judge, caplog):
+    """Twelve failed calls of one reason: warnings at the 1st and 10th, each naming the reason, the count and the
+    raw answer; the others are debug lines."""
+    server.responder = lambda m: "no verdict here"
+    judge = make_judge(server, RolloutLLMJudge, srar_format())
+    with caplog.at_level(logging.DEBUG, logger="rubric_jax.judges.llm"):
+        judge.judge([srar_request(str(i)) for i in range(12)], max_items=3)
+    records = [r for r in caplog.records if r.name == "rubric_jax.judges.llm"]
+    assert len(records) == 12
+    warnings = [r.getMessage() for r in records if r.levelno == logging.WARNING]
+    assert [w.split("(failure ")[1].split(" ")[0] for w in warnings] == ["1", "10"]
+    assert all(" answered no_json: " in w and w.endswith("the answer: 'no verdict here'") for w in warnings)

@@ -4,7 +4,9 @@ random Qwen3 (tests/judges/real_server.py), where test_llm.py's stand-in can onl
 What this server does to a judge: it answers 422 to a field it does not know, so its 200s say that every field
 the client sends is one an OpenAI-compatible server may take; it accepts `response_format` but does not enforce
 it; and the random model writes no judgement. So every judged rollout takes the failure path, which must fail
-the rollout with its parser's reason (or, per criterion, score that criterion 0), count it, and raise nothing.
+the rollout (one call per rollout, or per criterion) with the failed call's reason ("truncated" when max_tokens
+cut the answer, else its parser's), keep the raw answer, count it, and raise nothing; a short training run with
+this judge shows a failure rate of 1 and is stopped by the failure budget.
 Each test predicts its verdicts exactly: a first client asks the server the judge's own questions (greedy
 decoding answers them the same again) and the format's parser reads the answers.
 
@@ -24,10 +26,11 @@ import numpy as np
 import pytest
 
 from rubric_jax.inference.http import ClientStats, JsonHttpClient, RequestFailed, RetryPolicy
-from rubric_jax.judges.base import JudgeRequest
+from rubric_jax.judges.base import JudgeRequest, kept_answer
 from rubric_jax.judges.llm import (
     CHAT_PATH,
     REQUEST_FAILED,
+    TRUNCATED,
     ChatClient,
     ChatSettings,
     CriterionLLMJudge,
@@ -45,9 +48,14 @@ from rubric_jax.training import rl
 from rubric_jax.rubrics import parsing, prompts
 from rubric_jax.rubrics import synthesis as schemas
 from rubric_jax.rubrics.schema import Criterion, ItemKind, Rubric
+from rubric_jax.training import rl
+from rubric_jax.training.metrics import read_metrics
+from rubric_jax.training.run_config import JudgeConfig, RolloutConfig
 from rubric_jax.yaml_config import load_config
 from tests.judges import real_server
 from tests.judges.test_llm import srar_request
+from tests.training.test_rl import tiny_rl_config
+from tests.training.toy_task import RUBRIC as TOY_RUBRIC, toy_task
 
 transformers_server = real_server.transformers_server  # the fixture this module uses
 REPO = Path(__file__).resolve().parents[2]
@@ -93,6 +101,17 @@ def ask(chat: ChatClient, messages, schema=None) -> str:
     return chat.http.run_sync(chat.complete(messages, schema))
 
 
+def expected_failure(chat: ChatClient, messages, schema, parse) -> tuple[str, str, str]:
+    """The (reason, detail, kept answer) of a judge call that fails on the server's answer to `messages`: "truncated"
+    when max_tokens cut it (the detail then opens with "cut at max_tokens"), else its parser's reason and detail."""
+    reply = chat.http.run_sync(chat.reply(messages, schema))
+    result = parse(reply.text)
+    assert not result.ok or reply.truncated  # the random model writes no judgement
+    if reply.truncated:
+        return TRUNCATED, f"cut at max_tokens={chat.settings.max_tokens}", kept_answer(reply.text)
+    return result.reason, result.detail, kept_answer(reply.text)
+
+
 def test_complete_returns_the_servers_text_and_a_schema_is_taken_but_not_enforced(make_chat, transformers_server):
     """The client reads the text of a real server's body; the schema request is answered 200 (so no fallback and
     schemas stay on) with the very text of the plain one, since the server ignores the schema and decodes
@@ -123,48 +142,72 @@ def test_complete_returns_the_servers_text_and_a_schema_is_taken_but_not_enforce
     ids=["srar", "grounded", "rlcer_verifier"],
 )
 def test_rollout_judge_fails_and_counts_every_answer_that_does_not_parse(make_chat, fmt, requests, max_items):
-    """One call per rollout: every rollout is failed with the reason (and detail) its format's parser gives the
-    server's answer, with every item unsatisfied at step -1, and counted; one request per rollout, no retry, no
-    failed request, and schemas stay on (ignored, not refused)."""
+    """One call per rollout: every rollout is failed with the reason its call gets from the server's answer (cut by
+    max_tokens: "truncated"; else its parser's), its detail and its raw answer, with every item unsatisfied at step
+    -1, and counted; one request per rollout, no retry, no failed request, and schemas stay on (ignored, not
+    refused)."""
     oracle = make_chat()
-    parses = [fmt.parse(ask(oracle, fmt.messages(r), fmt.schema(r)), r) for r in requests]
-    assert not any(p.ok for p in parses)  # the random model writes no judgement
+    expected = [expected_failure(oracle, fmt.messages(r), fmt.schema(r), lambda text, r=r: fmt.parse(text, r))
+                for r in requests]
 
     judge = RolloutLLMJudge(make_chat(), fmt)
     verdicts = judge.judge(requests, max_items)
     n = len(requests)
     assert verdicts.satisfied_bk.shape == verdicts.item_step_bk.shape == (n, max_items)
     assert verdicts.failed_b.tolist() == [True] * n
-    assert verdicts.reasons == tuple(p.reason for p in parses) and verdicts.details == tuple(p.detail for p in parses)
-    assert set(verdicts.reasons) <= set(parsing.REASONS) - {"internal_error"}
+    assert verdicts.reasons == tuple(reason for reason, _, _ in expected)
+    assert all(detail.startswith(want) for detail, (_, want, _) in zip(verdicts.details, expected))
+    assert verdicts.answers == tuple(answer for _, _, answer in expected)
+    assert set(verdicts.reasons) <= {TRUNCATED, *parsing.REASONS} - {"internal_error"}
     np.testing.assert_array_equal(verdicts.satisfied_bk, 0)
     np.testing.assert_array_equal(verdicts.item_step_bk, -1)
     assert judge.failures.parsed == judge.failures.failed == n
     assert judge.failures.by_reason == collections.Counter(verdicts.reasons)
     assert judge.http_stats() == ClientStats(requests=n, attempts=n)
     assert judge.chat.dialect == "json_schema" and judge.chat.dialect_changes == 0
-    # transformers serve accepts the schema and ignores it: what shows is answers under a schema that do not parse.
-    assert judge.format_metrics()["schema_violations"] == n
+    # transformers serve accepts the schema and ignores it: what shows is answers under a schema that do not parse
+    # (those max_tokens did not cut).
+    assert judge.call_counts()["schema_violations"] == sum(reason != TRUNCATED for reason in verdicts.reasons)
 
 
-def test_criterion_judge_scores_every_unparsable_rating_zero_and_counts_it(make_chat):
-    """One call per (rollout, criterion): as RGR-GRPO says, a rating that does not parse scores its criterion 0
-    and is counted by its parser's reason, while the rollout stays judged (not failed)."""
+def test_criterion_judge_fails_every_rollout_whose_ratings_do_not_parse_and_counts_each_call(make_chat):
+    """One call per (rollout, criterion): a rating that does not parse (or is cut) is a failed call, counted by its
+    reason, and fails its rollout with the first failed criterion's reason and raw answer."""
     fmt = rating_format()
     requests = [JudgeRequest(question="Solve x - 3 = 4.", response=r, rubric=RGR_RUBRIC) for r in ("x = 7", "x = 1")]
     oracle = make_chat()
-    parses = [fmt.parse(ask(oracle, fmt.messages(r, k), fmt.schema())) for r in requests for k in range(2)]
-    assert not any(p.ok for p in parses)
+    expected = [expected_failure(oracle, fmt.messages(r, k), fmt.schema(), fmt.parse) for r in requests
+                for k in range(2)]
 
     judge = CriterionLLMJudge(make_chat(), fmt)
     verdicts = judge.judge(requests, max_items=2)
-    assert verdicts.failed_b.tolist() == [False, False] and verdicts.reasons == ("", "")
+    assert verdicts.failed_b.tolist() == [True, True]
+    assert verdicts.reasons == (expected[0][0], expected[2][0])
+    assert verdicts.answers == (expected[0][2], expected[2][2])
+    assert all(d.startswith("criteria[0] 'States that x = 7': ") and d.endswith("(2 of 2 criterion calls failed)")
+               for d in verdicts.details)
     np.testing.assert_array_equal(verdicts.satisfied_bk, np.zeros((2, 2)))
     np.testing.assert_array_equal(verdicts.item_step_bk, -1)
     assert judge.failures.parsed == judge.failures.failed == 4
-    assert judge.failures.by_reason == collections.Counter(p.reason for p in parses)
+    assert judge.failures.by_reason == collections.Counter(reason for reason, _, _ in expected)
     assert judge.http_stats() == ClientStats(requests=4, attempts=4)
-    assert judge.format_metrics()["schema_violations"] == 4
+    assert judge.call_counts()["call_failures"] == 4
+
+
+def test_a_training_run_judged_by_it_in_rating_format_is_stopped_by_the_failure_budget(transformers_server, tmp_path):
+    """`rubric-jax train`'s loop with this server as its `format: rating` judge (one prompt, two samples a step):
+    every rollout and call of steps 1 and 2 fails, step 1's metrics show judge/failure_rate and
+    judge/call_failure_rate 1, and the budget (2 failing steps) stops the run before step 2's update."""
+    judge = JudgeConfig(kind="llm", url=transformers_server.base_url, model=transformers_server.model,
+                        format="rating", max_tokens=MAX_TOKENS, max_attempts=1, timeout_s=60.0, max_failing_steps=2)
+    config = tiny_rl_config(tmp_path, steps=3, judge=judge,
+                            rollout=RolloutConfig(prompts_per_step=1, group_size=2, max_new_tokens=8))
+    with pytest.raises(rl.RunStopped, match=r"judge/failure_rate was above judge.max_failure_rate \(0.5\) on 2 "
+                                            r"consecutive steps \(step 2: 100%; .*before step 2's update"):
+        rl.train_rl(config, toy_task())
+    (line,) = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert line["judge/failure_rate"] == line["judge/call_failure_rate"] == 1
+    assert line["judge/calls"] == line["judge/call_failures"] == 2 * len(TOY_RUBRIC.criteria)
 
 
 def test_a_model_the_server_does_not_serve_fails_every_rollout_without_retries(make_chat):

@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from rubric_jax.judges.base import Judge, JudgeRequest, RolloutVerdict, Verdicts
+from rubric_jax.judges.base import Judge, JudgeRequest, RolloutVerdict, Verdicts, kept_answer
 from rubric_jax.judges.records import (FirstJudged, JudgedRollout, RecordingJudge, judged_rollout_from_json,
                                        judged_rollout_to_json, read_judged_rollouts, write_judged_rollouts)
 from rubric_jax.rubrics.schema import Criterion, ItemKind, Rubric
@@ -31,7 +31,8 @@ RECORDS = [
     JudgedRollout(id="step-3/0", step=3, request=request(),
                   verdict=RolloutVerdict(satisfied=(1.0, 0.25), item_step=(1, 0))),
     JudgedRollout(id="step-3/1", step=3, request=request("no idea"),
-                  verdict=RolloutVerdict.failure("unparsable", "the judge wrote: maybe?")),
+                  verdict=RolloutVerdict.failure("no_json", "criteria[1] 'shows no working': no JSON object",
+                                                 kept_answer("maybe? " * 100))),
     JudgedRollout(id="step-3/2", step=3, request=request("5"), verdict=RolloutVerdict(satisfied=(0.0, 1.0))),
     JudgedRollout(id="by-hand", request=JudgeRequest(question="q", response="r", rubric=SHORT_RUBRIC)),
 ]
@@ -42,8 +43,9 @@ def test_every_field_round_trips_through_a_file(tmp_path):
     write_judged_rollouts(path, RECORDS)
     assert read_judged_rollouts(path) == RECORDS
     lines = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
-    assert lines[1]["verdict"] == {"satisfied": [], "item_step": None, "reason": "unparsable",
-                                   "detail": "the judge wrote: maybe?"}
+    assert lines[1]["verdict"] == {"satisfied": [], "item_step": None, "reason": "no_json",
+                                   "detail": "criteria[1] 'shows no working': no JSON object",
+                                   "answer": ("maybe? " * 100)[:300] + " [... cut: 700 characters in all]"}
     assert lines[0]["conversation"] == [dict(m) for m in CONVERSATION]
     assert lines[3]["verdict"] is None and lines[3]["step"] is None and lines[3]["conversation"] is None
 
@@ -74,6 +76,8 @@ def changed(**changes) -> dict:
     (changed(verdict_item_step=[1.5, 0]), "verdict.item_step must be a list of ints"),
     (changed(verdict_item_step=[1]), "item_step has 1 entries for 2 items"),
     (changed(verdict_reason="unparsable"), "a failed verdict .'unparsable'. carries no scores"),
+    (changed(verdict_answer="maybe?"), "detail or answer without a failure reason"),
+    (changed(verdict_answer=["maybe?"]), "reason, detail and answer must be str"),
     (changed(step=True), "step must be an int or null"),
     (changed(conversation="2 + 3 = ?"), "conversation must be a list of messages or null"),
     (changed(conversation=[{"role": "user"}]), r"conversation must be a sequence of \{role, content\} messages"),
@@ -88,6 +92,17 @@ def test_a_bad_record_is_an_error_naming_its_file_and_line(tmp_path, line, messa
         read_judged_rollouts(path)
     with pytest.raises(ValueError, match=message):
         judged_rollout_from_json(line)
+
+
+def test_a_file_written_before_answers_were_kept_still_reads(tmp_path):
+    """Rollout logs of older runs have no verdict "answer": it reads as "" (none kept)."""
+    line = judged_rollout_to_json(RECORDS[1])
+    del line["verdict"]["answer"]
+    path = tmp_path / "old.jsonl"
+    path.write_text(json.dumps(line) + "\n")
+    (record,) = read_judged_rollouts(path)
+    assert record.verdict == RolloutVerdict.failure(RECORDS[1].verdict.reason, RECORDS[1].verdict.detail)
+    assert record.verdict.answer == ""
 
 
 def test_bad_json_and_a_repeated_id_name_their_file_and_line(tmp_path):
@@ -149,8 +164,8 @@ class ScriptedJudge(Judge):
 
 
 def test_recording_judge_keeps_verdicts_only_while_recording_and_passes_them_through():
-    scripted = {"a": RolloutVerdict(satisfied=(1.0, 0.5), item_step=(2, 0)), "b": RolloutVerdict.failure("x", "why"),
-                "c": RolloutVerdict(satisfied=(0.0,))}
+    scripted = {"a": RolloutVerdict(satisfied=(1.0, 0.5), item_step=(2, 0)),
+                "b": RolloutVerdict.failure("x", "why", "maybe?"), "c": RolloutVerdict(satisfied=(0.0,))}
     inner = ScriptedJudge(scripted)
     judge = RecordingJudge(inner)
     batch = [request("a"), request("b"), request("c", SHORT_RUBRIC)]
@@ -164,6 +179,7 @@ def test_recording_judge_keeps_verdicts_only_while_recording_and_passes_them_thr
         assert got.satisfied_bk.tolist() == expected.satisfied_bk.tolist()
         assert got.item_step_bk.tolist() == expected.item_step_bk.tolist()
         assert got.reasons == expected.reasons and got.details == expected.details
+        assert got.answers == expected.answers == ("", "maybe?", "")
     asyncio.run(judge.ajudge(batch[2:], max_items=1))
     judge.recording = False
     judge.judge(batch, max_items=4)
@@ -177,7 +193,7 @@ def test_recording_judge_keeps_verdicts_only_while_recording_and_passes_them_thr
     ]
     assert judge.take(7) == []  # take() clears
     judge.close()
-    assert inner.closed == 1 and judge.http_stats() is None
+    assert inner.closed == 1 and judge.http_stats() is None and judge.call_counts() == {}
 
 
 def test_recorded_rows_without_attribution_have_no_steps():
@@ -190,8 +206,8 @@ def test_recorded_rows_without_attribution_have_no_steps():
 
 
 def test_first_judged_keeps_the_first_rollouts_across_batches_and_no_more():
-    scripted = {"a": RolloutVerdict(satisfied=(1.0, 0.5), item_step=(2, 0)), "b": RolloutVerdict.failure("x", "why"),
-                "c": RolloutVerdict(satisfied=(0.0,))}
+    scripted = {"a": RolloutVerdict(satisfied=(1.0, 0.5), item_step=(2, 0)),
+                "b": RolloutVerdict.failure("x", "why", "maybe?"), "c": RolloutVerdict(satisfied=(0.0,))}
     judge = ScriptedJudge(scripted)
     keep = FirstJudged(3, "eval-4", step=4)
     for batch in ([request("a"), request("b")], [request("c", SHORT_RUBRIC), request("a")], [request("b")]):

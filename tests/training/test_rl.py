@@ -200,6 +200,8 @@ def test_an_llm_judge_from_the_config_judges_over_http_and_its_requests_are_logg
     assert calls == rubric_items * 4  # every (rollout, criterion) answered once; the 503 was retried
     assert last["judge/requests"] == calls and last["judge/retries"] == 1 and last["judge/request_failures"] == 0
     assert last["judge/failure_rate"] == 0 and math.isfinite(last["train/loss"])
+    assert last["judge/calls"] == calls and last["judge/call_failures"] == last["judge/schema_violations"] == 0
+    assert last["judge/call_failure_rate"] == 0
 
 
 def test_judge_config_is_validated():
