@@ -277,7 +277,7 @@ def _prompt_lengths(algorithm: Any, task: Any, tokenizer: Any, chat_template_kwa
 def samples_markdown(samples: Sequence[Mapping[str, Any]]) -> str:
     """Judged samples (`training.rl.samples_of`) as markdown to read: each one's question and response fenced
     (model text never forms the document's structure), then its criteria with weight and verdict, its rubric score
-    and any judge failure."""
+    and any judge failure, with its detail and the judge's raw answer (fenced too: model text)."""
     lines = ["## Samples"]
     for sample in samples:
         lines += ["", f"### {sample['id']}", "", "Question:", "", *_fenced(sample["question"]), "", "Response:", "",
@@ -287,6 +287,10 @@ def samples_markdown(samples: Sequence[Mapping[str, Any]]) -> str:
         score = sample["rubric_score"]
         lines.append(f"\nrubric score: {'-' if score is None else f'{score:.3f}'}"
                      + (f"; judge failure: {sample['judge_failure']}" if sample["judge_failure"] else ""))
+        if sample.get("judge_detail"):
+            lines.append(f"\njudge failure detail: {_one_line(sample['judge_detail'])}")
+        if sample.get("judge_answer"):
+            lines += ["", "The judge's answer:", "", *_fenced(sample["judge_answer"])]
     return "\n".join(lines) + "\n"
 
 

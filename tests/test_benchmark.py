@@ -101,7 +101,8 @@ def test_samples_markdown_fences_model_text_so_it_cannot_close_its_fence():
          "criteria": [{"text": "states\nthe sum", "weight": 2.0, "satisfied": 1.0},
                       {"text": "is brief", "weight": -1.0, "satisfied": 0.0},
                       {"text": "half", "weight": 1.0, "satisfied": 0.5}]},
-        {"id": "eval/1", "question": "q", "response": "r", "rubric_score": None, "judge_failure": "unparsable",
+        {"id": "eval/1", "question": "q", "response": "r", "rubric_score": None, "judge_failure": "no_json",
+         "judge_detail": "criteria[0] 'is polite':\nno JSON object", "judge_answer": "## Verdict\n```\nmet",
          "criteria": [{"text": "is polite", "weight": 1.0, "satisfied": None}]},
     ]
     markdown = benchmark.samples_markdown(samples)
@@ -109,7 +110,10 @@ def test_samples_markdown_fences_model_text_so_it_cannot_close_its_fence():
     assert f"Response:\n\n{fence}\n{response}\n{fence}\n" in markdown
     assert [line for line in markdown.splitlines() if line.startswith("- [")] == [
         "- [x] (2) states the sum", "- [ ] (-1) is brief", "- [0.50] (1) half", "- [?] (1) is polite"]
-    assert "rubric score: 0.500\n" in markdown and "rubric score: -; judge failure: unparsable\n" in markdown
+    assert "rubric score: 0.500\n" in markdown and "rubric score: -; judge failure: no_json\n" in markdown
+    assert "\njudge failure detail: criteria[0] 'is polite': no JSON object\n" in markdown
+    # the judge's raw answer is model text: fenced, its heading and fence inside a longer fence
+    assert "The judge's answer:\n\n````\n## Verdict\n```\nmet\n````\n" in markdown
     assert markdown.count(f"\n{fence}\n") == 2 and markdown.startswith("## Samples\n\n### eval/0\n")
 
 
