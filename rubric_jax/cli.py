@@ -376,6 +376,10 @@ def _command(args) -> int:
             return _validate(config, task, args)
         elif args.command != "synthesize":
             _check_writable_directory(config.output_dir, "output_dir")
+        if args.command == "train":
+            from rubric_jax.training.rl import check_rubric_width  # noqa: PLC0415
+
+            check_rubric_width(resolve_algorithm(config)[0], task)
     except (ValueError, OSError) as error:
         print(f"rubric-jax {args.command}: {_one_line(error)}", file=sys.stderr)
         return 2

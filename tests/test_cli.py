@@ -185,6 +185,8 @@ BAD_INPUTS = {
         ([*RL_INIT, "task.name=nope"], "unknown task 'nope'"),
         ([*RL_INIT, "output_dir={tmp}/afile"], "cannot write the output_dir {tmp}/afile: {tmp}/afile is not a "
                                                "directory"),
+        ([*DATASET_RL, "algorithm.params.max_items=2"],
+         "the task's longest rubric has 3 items, more than algorithm.params.max_items (2): raise max_items"),
     ],
     "sft": [
         *CONFIG_FILE_CASES,
