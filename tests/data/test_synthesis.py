@@ -262,9 +262,11 @@ def test_rar_schema_violations_are_retried_then_discarded(tmp_path):
     assert all(not (tmp_path / f"{name}.jsonl").read_text() for name in ("train", "validation", "test"))
 
 
-def test_the_command_that_wrote_no_record_exits_1_with_the_reasons(tmp_path, capsys):
+def test_the_command_that_wrote_no_record_exits_1_with_the_reasons(tmp_path, capsys, monkeypatch):
     """`rubric-jax synthesize` whose every source was discarded: status 1, one line with the discards, and no
-    suggestion to train on the empty file."""
+    suggestion to train on the empty file. The generator's preflight would refuse this generator first
+    (tests/training/test_preflight.py); here it is passed, as for a generator that fails only on later sources."""
+    monkeypatch.setattr(synthesis, "preflight_generator", lambda *args: None)
     with StandinServer(responder=WrongWeights({})) as server:
         status = main(["synthesize", str(REPO / "configs" / "synthesize_rar.yaml"), f"output_dir={tmp_path}",
                        f"generator.url={server.base_url}", f"input.path={RAR}", "--no-progress"])

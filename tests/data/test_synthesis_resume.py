@@ -71,7 +71,8 @@ def test_a_killed_synthesis_resumes_without_duplicates_or_losses(tmp_path):
         resumed = subprocess.run(command(out, documents, server.base_url), cwd=REPO, env=env, capture_output=True,
                                  text=True, timeout=300)
         assert resumed.returncode == 0, resumed.stderr
-        second_run_requests = server.chat_requests[requests_before:]
+        # The first is the command's generator preflight (one request about the first source, done or not).
+        second_run_requests = server.chat_requests[requests_before + 1:]
 
     summary = json.loads((out / synthesis.SUMMARY_JSON).read_text())
     assert summary["this_run"]["skipped_done"] == finished_before_kill

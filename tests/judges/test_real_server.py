@@ -204,7 +204,10 @@ def test_a_training_run_judged_by_it_in_rating_format_is_stopped_by_the_failure_
                             rollout=RolloutConfig(prompts_per_step=1, group_size=2, max_new_tokens=8))
     with pytest.raises(rl.RunStopped, match=r"judge/failure_rate was above judge.max_failure_rate \(0.5\) on 2 "
                                             r"consecutive steps \(step 2: 100%; .*before step 2's update"):
-        rl.train_rl(config, toy_task())
+        # The judge handed in, so the launch's preflight (which would refuse it before step 1) is skipped:
+        # what is under test is the failure budget during the run.
+        with contextlib.closing(rl.make_judge(config.judge, toy_task(), config.seed)) as judge:
+            rl.train_rl(config, toy_task(), judge=judge)
     (line,) = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert line["judge/failure_rate"] == line["judge/call_failure_rate"] == 1
     assert line["judge/calls"] == line["judge/call_failures"] == 2 * len(TOY_RUBRIC.criteria)

@@ -4,6 +4,7 @@ rollout log and the samples, and is stopped by the failure budget; the counts of
 violations are per step; `judge.failed_criterion: score_zero` (RGR-GRPO's "parse failure scores 0") keeps the
 rollouts judged and is stopped by the per-call failure rate."""
 
+import contextlib
 import json
 
 import pytest
@@ -37,7 +38,10 @@ def test_a_judge_that_never_parses_fails_every_rollout_and_the_budget_stops_the_
                             metrics=MetricsConfig(console=True), rollout_log=RolloutLogConfig(every_steps=1))
     with pytest.raises(rl.RunStopped, match=r"judge/failure_rate was above judge.max_failure_rate \(0.5\) on 2 "
                                             r"consecutive steps \(step 2: 100%; no_json\).*before step 2's update"):
-        rl.train_rl(config, toy_task())
+        # The judge handed in, so the launch's preflight (which would refuse it before step 1) is skipped:
+        # what is under test is the failure budget during the run.
+        with contextlib.closing(rl.make_judge(config.judge, toy_task(), config.seed)) as judge:
+            rl.train_rl(config, toy_task(), judge=judge)
     (line,) = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert line["judge/failure_rate"] == 1 and line["judge/failed/no_json"] == ROLLOUTS
     assert line["judge/calls"] == line["judge/call_failures"] == line["judge/call_failed/no_json"] == CALLS
@@ -86,7 +90,10 @@ def test_score_zero_keeps_rollouts_judged_and_the_per_call_rate_stops_the_run(tm
                                                                   failed_criterion="score_zero"))
     with pytest.raises(rl.RunStopped, match=r"judge/call_failure_rate was above judge.max_failure_rate \(0.5\) on 1 "
                                             r"consecutive steps \(step 1: 100%; no_json\)"):
-        rl.train_rl(config, toy_task())
+        # The judge handed in, so the launch's preflight (which would refuse it before step 1) is skipped:
+        # what is under test is the failure budget during the run.
+        with contextlib.closing(rl.make_judge(config.judge, toy_task(), config.seed)) as judge:
+            rl.train_rl(config, toy_task(), judge=judge)
     assert not (tmp_path / "run" / "metrics.jsonl").read_text()  # stopped before step 1's update
 
 
