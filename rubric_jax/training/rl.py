@@ -40,8 +40,9 @@ metrics line of step n >= 2 has "rollout/policy_lag" 1 and "rollout/weight_step"
 from the weights after n - 2 updates while update n - 1 ran; without overlap, lag 0 and n - 1). A batch is a
 function of (seed, step) and of its weights, as without overlap, so an overlapped run is reproducible; its
 checkpoint of step n, taken once step n + 1's experience is in, holds the data position and algorithm state
-after that experience, and the experience itself (with its judged rollouts) in pending/step_<n>.pkl
-(`save_pending`), which the resumed run trains on next, so it continues as the uninterrupted run would.
+after that experience, and the experience itself (with its judged rollouts) in pending/step_<n>.npz
+(`save_pending`: arrays and JSON, never a pickle), which the resumed run trains on next, so it continues as the
+uninterrupted run would.
 
 Multi-process (`data_parallel`, docs/multihost.md): every process samples and judges its share of each step's
 examples, [k::P], and the learner trains on the union of the shares as one global batch. Process 0 alone writes
@@ -53,8 +54,9 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import logging
+import io
+import json
 import os
-import pickle
 import re
 import time
 from pathlib import Path
@@ -70,7 +72,8 @@ from rubric_jax.inference.engine import RolloutEngine, SamplingParams
 from rubric_jax.inference.http import ClientStats
 from rubric_jax.judges import llm, preflight
 from rubric_jax.judges.base import Judge, JudgeRequest
-from rubric_jax.judges.records import FirstJudged, JudgedRollout, RecordingJudge, write_judged_rollouts
+from rubric_jax.judges.records import (FirstJudged, JudgedRollout, RecordingJudge, judged_rollout_from_json,
+                                      judged_rollout_to_json, write_judged_rollouts)
 from rubric_jax.core import value as core_value
 from rubric_jax.core.advantages import whiten_tokens
 from rubric_jax.core.rewards import weighted_fraction
@@ -121,7 +124,7 @@ def drop_rollout_logs_after(out: Path, step: int) -> None:
 
 
 PENDING_DIR = "pending"
-_PENDING_NAME = re.compile(r"step_(\d+)\.pkl")
+_PENDING_NAME = re.compile(r"step_(\d+)\.npz")
 
 
 def _pending_dir(out: Path) -> Path:
@@ -207,18 +210,45 @@ def samples_of(records: list[JudgedRollout], count: int) -> list[dict[str, Any]]
 def pending_path(out: Path, step: int) -> Path:
     """The file of the experience an overlapped run (`RolloutConfig.overlap`) had sampled ahead for the step
     after `step` when it checkpointed step `step`, in the run directory `out`."""
-    return _pending_dir(out) / f"step_{step:06d}.pkl"
+    return _pending_dir(out) / f"step_{step:06d}.npz"
+
+
+def pending_arrays(sampled: SampledExperience) -> dict[str, np.ndarray]:
+    """`sampled` as plain arrays, for `np.savez` (read back by `pending_from_arrays` with allow_pickle=False: a run
+    directory is never a way to run code): the batch's arrays under "batch/<key>", the metrics' values as float64
+    arrays, and the rest (prompt width, metric names, the judged rollouts' JSON, `judges.records`) as UTF-8 JSON."""
+    meta = {"prompt_width": sampled.experience.prompt_width, "logs_rollouts": sampled.logs_rollouts,
+            "experience_metrics": list(sampled.experience.metrics), "metrics": list(sampled.metrics),
+            "records": None if sampled.records is None else [judged_rollout_to_json(r) for r in sampled.records]}
+    return {**{f"batch/{key}": np.asarray(value) for key, value in sampled.experience.batch.items()},
+            "experience_metric_values": np.array(list(sampled.experience.metrics.values()), np.float64),
+            "metric_values": np.array(list(sampled.metrics.values()), np.float64),
+            "meta": np.frombuffer(json.dumps(meta).encode("utf-8"), np.uint8)}
+
+
+def pending_from_arrays(arrays: Mapping[str, np.ndarray]) -> SampledExperience:
+    """The SampledExperience that `pending_arrays` wrote."""
+    meta = json.loads(bytes(arrays["meta"]).decode("utf-8"))
+    batch = {key.removeprefix("batch/"): arrays[key] for key in arrays if key.startswith("batch/")}
+    experience = Experience(batch=batch, prompt_width=int(meta["prompt_width"]), metrics=dict(zip(
+        meta["experience_metrics"], arrays["experience_metric_values"].tolist())))
+    records = None if meta["records"] is None else [judged_rollout_from_json(r) for r in meta["records"]]
+    return SampledExperience(experience, dict(zip(meta["metrics"], arrays["metric_values"].tolist())), records,
+                             bool(meta["logs_rollouts"]))
 
 
 def save_pending(out: Path, step: int, sampled: SampledExperience, oldest_kept: int) -> None:
-    """Writes `sampled` as checkpoint `step`'s pending experience (`pending_path`; written whole or not at all,
-    before the checkpoint), and deletes those of the steps before `oldest_kept` (no checkpoint resumes there)."""
+    """Writes `sampled` as checkpoint `step`'s pending experience (`pending_path`, `pending_arrays`; written whole
+    or not at all, before the checkpoint), and deletes those of the steps before `oldest_kept` (no checkpoint
+    resumes there)."""
     path = pending_path(out, step)
     path.parent.mkdir(parents=True, exist_ok=True)
+    buffer = io.BytesIO()
+    np.savez(buffer, **pending_arrays(sampled))
     partial = path.with_suffix(".partial")
-    partial.write_bytes(pickle.dumps(sampled))
+    partial.write_bytes(buffer.getvalue())
     os.replace(partial, path)
-    for other in path.parent.glob("step_*.pkl"):
+    for other in path.parent.glob("step_*.npz"):
         match = _PENDING_NAME.fullmatch(other.name)
         if match and int(match.group(1)) < oldest_kept:
             other.unlink()
@@ -227,12 +257,15 @@ def save_pending(out: Path, step: int, sampled: SampledExperience, oldest_kept: 
 def resume_pending(out: Path, step: int) -> Optional[SampledExperience]:
     """The pending experience of checkpoint `step` of the run directory `out` (None when that run did not sample
     ahead); those of later steps, which the resumed run abandons, are deleted."""
-    for other in _pending_dir(out).glob("step_*.pkl"):
+    for other in _pending_dir(out).glob("step_*.npz"):
         match = _PENDING_NAME.fullmatch(other.name)
         if match and int(match.group(1)) > step:
             other.unlink()
     path = pending_path(out, step)
-    return pickle.loads(path.read_bytes()) if path.exists() else None
+    if not path.exists():
+        return None
+    with np.load(path, allow_pickle=False) as arrays:
+        return pending_from_arrays({key: arrays[key] for key in arrays.files})
 
 
 def make_engine(config: RLConfig, model, tokenizer, version: str) -> RolloutEngine:

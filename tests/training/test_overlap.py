@@ -11,11 +11,13 @@ import jax
 import numpy as np
 import pytest
 
+from rubric_jax.algorithms.base import Experience
 from rubric_jax.inference.embedded import EmbeddedEngine
 from rubric_jax.training import rl
 from rubric_jax.training.checkpoint import Checkpointer
 from rubric_jax.training.metrics import read_metrics
 from rubric_jax.training.run_config import RolloutConfig, RolloutLogConfig
+from tests.judges.test_records import RECORDS
 from tests.training.test_rl import tiny_rl_config
 from tests.training.toy_task import toy_task
 
@@ -111,3 +113,33 @@ def test_the_overlap_benchmark_prints_each_configurations_step_time_against_the_
             if line.startswith(("plain", "detached", "overlap"))}
     assert sorted(rows) == ["detached old logprobs", "overlap", "overlap + detached", "plain"]
     assert float(rows["plain"][-1]) == 1.0 and all(float(row[-1]) > 0 for row in rows.values())
+
+
+@pytest.mark.parametrize("records", [RECORDS, None])
+def test_a_pending_experience_survives_its_file_exactly(tmp_path, records):
+    """save_pending / resume_pending: the batch's arrays (dtypes and shapes), the prompt width, both metric maps and
+    the judged rollouts (failed verdicts with the judge's answer included) come back as they went in."""
+    rng = np.random.default_rng(0)
+    batch = {"tokens_bt": rng.integers(0, 50, (4, 7)).astype(np.int32), "response_mask_bt": rng.random((4, 7)) > 0.5,
+             "advantages_bt": rng.standard_normal((4, 7)).astype(np.float32)}
+    sampled = rl.SampledExperience(Experience(batch, 3, {"reward/mean": 0.25, "judge/failure_rate": 0.0}),
+                                   {"reward/mean": 0.25, "rollout/policy_lag": 1.0}, records, records is not None)
+    rl.save_pending(tmp_path, 2, sampled, oldest_kept=2)
+    resumed = rl.resume_pending(tmp_path, 2)
+    assert resumed.experience.batch.keys() == batch.keys()
+    for key, value in batch.items():
+        assert resumed.experience.batch[key].dtype == value.dtype
+        np.testing.assert_array_equal(resumed.experience.batch[key], value)
+    assert (resumed.experience.prompt_width, resumed.experience.metrics) == (3, sampled.experience.metrics)
+    assert (resumed.metrics, resumed.records, resumed.logs_rollouts) == (sampled.metrics, records, sampled.logs_rollouts)
+
+
+def test_a_pending_file_holding_a_pickle_is_refused_not_run(tmp_path):
+    """A pending file is read without unpickling: an object array in it (which np.load would unpickle) is an
+    error, so a run directory is never a way to run code."""
+    path = rl.pending_path(tmp_path, 1)
+    path.parent.mkdir(parents=True)
+    with open(path, "wb") as file:
+        np.savez(file, meta=np.array([{"prompt_width": 1}], dtype=object))
+    with pytest.raises(ValueError, match="allow_pickle"):
+        rl.resume_pending(tmp_path, 1)
