@@ -629,9 +629,6 @@ def _judge_agreement(args) -> int:
     except (ValueError, OSError) as error:
         print(f"rubric-jax {args.command}: {_one_line(error)}", file=sys.stderr)
         return 2
-    except PreflightFailed as error:  # the synthesis generator's server cannot do the work
-        print(f"rubric-jax {args.command}: {_one_line(error)}", file=sys.stderr)
-        return 1
     from rubric_jax.judges import agreement  # noqa: PLC0415
 
     report = agreement.measure_agreement(items, a, b, probes,
