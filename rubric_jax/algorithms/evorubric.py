@@ -32,9 +32,11 @@ For each step (N = sampling.n responses and M = generator_group_size rubric sets
                                                                      rewards.excess_penalty (count, tokens)
   8. pool[q] <- pool[q] + (R^_1 u ... u R^_M), before the reasoner    MemoryPool.archive                3.4.1
      is scored ("archived ... prior to this scoring phase")
-  9. R_rea(o_i) = S_base + S_pool - p_len: positive-points scores     evorubric_reasoner_reward;        eq 4
-     of the base rubric and of pool[q]; p_len is DAPO's overlong     rewards.dapo_overlong_shaping     Table 8
-     penalty
+  9. R_rea(o_i) = S_base + S_pool - p_len: the positive-points score  evorubric_joint_reasoner_reward   eq 4
+     of the base rubric and pool[q] as one checklist (one            (score_normalisation joint) or
+     denominator), or the sum of each source's own                   evorubric_reasoner_reward
+     (score_normalisation); p_len is DAPO's overlong penalty         (separate);
+                                                                     rewards.dapo_overlong_shaping     Table 8
  10. A = GRPO per question, for each role on its own rollouts         roles.role_mask, select_by_role,
                                                                      advantages.grpo_advantages
  11. one clipped update over the rows of both roles                   base.concat_batches, policy_loss_fn  eq 5
@@ -121,6 +123,12 @@ class EvoRubricConfig:
     generator_length_budget / generator_length_coef: the generator's p_len, the same form over its tokens.
     overlong_buffer / overlong_factor: the reasoner's p_len, DAPO's overlong penalty over the last
     overlong_buffer tokens of rollout.max_new_tokens (Table 8: 4096 of 8192, factor 1.0; 0: no penalty).
+    score_normalisation: eq 4's S_base + S_pool: "joint" (the default), the met points of the base rubric and the
+    pool over the positive points of both, one checklist under section 2's r = sum_k s_k / K_pos
+    (`rubric_validity.evorubric_joint_reasoner_reward`; 3.3.2 step 2 speaks of "the denominator" of "a normalized
+    Reasoner reward"), or "separate", each source over its own positive points and the two scores added
+    (`rubric_validity.evorubric_reasoner_reward`), under which a one-criterion pool weighs as much as the whole
+    base rubric and a penalty-only pool adds 0 even when its penalty is met (docs/fidelity/evorubric.md, row 21).
     parse_failure_reward: R_gen of an unparsable proposal (before its p_len).
     pool_max_per_question / pool_max_questions: the memory pool's bounds (`MemoryPool`).
     generator_format: "paper", Table 5's prompt (`prompts.rubric_generator_prompt`) and JSON list
@@ -150,6 +158,7 @@ class EvoRubricConfig:
     generator_length_coef: float = 1e-3
     overlong_buffer: int = 0
     overlong_factor: float = 1.0
+    score_normalisation: Literal["joint", "separate"] = "joint"
     parse_failure_reward: float = -1.0
     pool_max_per_question: int = 32
     pool_max_questions: int = 100_000
@@ -597,9 +606,9 @@ class EvoRubric(base.Algorithm):
         return reward - penalties["length_penalty"], {**quality, **penalties}
 
     def _reasoner_reward(self, base_rubrics, scored_pool, pool_columns, verdicts, reasoner, max_length):
-        """Eq 4 per reasoner rollout [P * N]: S_base + S_pool - p_len, each S a positive-points score (and the two
-        scores). The base rubric's verdicts are step 4's first columns; a pool criterion's, the column of its text
-        in `pool_columns`."""
+        """Eq 4 per reasoner rollout [P * N] under score_normalisation (and each source's own positive-points
+        score, for the metrics). The base rubric's verdicts are step 4's first columns; a pool criterion's, the
+        column of its text in `pool_columns`."""
         num_rows = len(reasoner.samples)
         base_items = _ItemArrays(num_rows, max([len(r) for r in base_rubrics] + [1]))
         pool_items = _ItemArrays(num_rows, max([len(c) for c in scored_pool] + [1]))
@@ -614,7 +623,9 @@ class EvoRubric(base.Algorithm):
         length_penalty = -rewards.dapo_overlong_shaping(jnp.zeros_like(lengths), lengths, max_length=max_length,
                                                         buffer_length=self.config.overlong_buffer,
                                                         factor=self.config.overlong_factor)
-        reward = rubric_validity.evorubric_reasoner_reward(*base_items.arrays(), *pool_items.arrays(), length_penalty)
+        reward_fn = (rubric_validity.evorubric_joint_reasoner_reward if self.config.score_normalisation == "joint"
+                     else rubric_validity.evorubric_reasoner_reward)
+        reward = reward_fn(*base_items.arrays(), *pool_items.arrays(), length_penalty)
         base_score = rewards.positive_points_score(*base_items.arrays())
         pool_score = rewards.positive_points_score(*pool_items.arrays())
         return np.asarray(reward), np.asarray(base_score), np.asarray(pool_score)

@@ -310,16 +310,50 @@ def evorubric_reasoner_reward(
     pool_mask_bj: jax.Array,
     length_penalty_b: jax.Array,
 ) -> jax.Array:
-    """EvoRubric's reasoner reward (evorubric.txt, eq 4): S_base + S_pool - p_len, [B].
+    """EvoRubric's reasoner reward (evorubric.txt, eq 4), each source normalised on its own: S_base + S_pool - p_len,
+    [B].
 
     S_base and S_pool are each the positive-points-normalised score (`rewards.positive_points_score`, the
     paper's section 2 normalisation) against the native rubric [.., K] and the memory pool [.., J] respectively;
-    an empty (or penalty-only) source contributes 0. `length_penalty_b` >= 0 is subtracted.
+    an empty (or penalty-only) source contributes 0. `length_penalty_b` >= 0 is subtracted. The sum lies in
+    (-inf, 2] - p_len. One reading of eq 4; `evorubric_joint_reasoner_reward` is the other.
     """
     base = positive_points_score(satisfied_base_bk, points_base_bk, base_mask_bk)
     pool = positive_points_score(satisfied_pool_bj, points_pool_bj, pool_mask_bj)
     chex.assert_equal_shape([base, length_penalty_b])
     return base + pool - length_penalty_b
+
+
+def evorubric_joint_reasoner_reward(
+    satisfied_base_bk: jax.Array,
+    points_base_bk: jax.Array,
+    base_mask_bk: jax.Array,
+    satisfied_pool_bj: jax.Array,
+    points_pool_bj: jax.Array,
+    pool_mask_bj: jax.Array,
+    length_penalty_b: jax.Array,
+) -> jax.Array:
+    """EvoRubric's reasoner reward (evorubric.txt, eq 4) under one denominator: (x_base + x_pool) / (K_pos_base +
+    K_pos_pool) - p_len, [B].
+
+    x is a source's points of the met criteria, penalties included, K_pos its positive points: section 2's
+    r = sum_k s_k / K_pos over the base rubric [.., K] and the memory pool [.., J] taken as one checklist (3.3.2
+    step 2: "the denominator is strictly defined as the sum of maximum positive rubric points"). Each criterion
+    weighs its points whichever source holds it, and a met penalty of a penalty-only pool still subtracts. When
+    both sources have positive points the score is the K_pos-weighted mean of S_base and S_pool, so it lies
+    between them and is at most 1. Degenerate: no positive points in either source -> 0 (the score of a
+    checklist that rewards nothing). `length_penalty_b` >= 0 is subtracted.
+    """
+    chex.assert_rank([satisfied_base_bk, satisfied_pool_bj], 2)
+
+    def joined(base, pool):  # per-item arrays may be [K] or [B, K], as `positive_points_score` takes them
+        return jnp.concatenate([jnp.broadcast_to(as_stats_dtype(base), satisfied_base_bk.shape),
+                                jnp.broadcast_to(as_stats_dtype(pool), satisfied_pool_bj.shape)], axis=1)
+
+    score = positive_points_score(joined(satisfied_base_bk, satisfied_pool_bj), joined(points_base_bk, points_pool_bj),
+                                  joined(base_mask_bk, pool_mask_bj) > 0)
+    chex.assert_equal_shape([score, length_penalty_b])
+    return score - length_penalty_b
 
 
 # ---------------------------------------------------------------- DAPO and RGR-GRPO, over a batch of groups

@@ -51,6 +51,7 @@ ABLATIONS = {
     "no_peer_consensus": {"peer_consensus": False},
     "no_discriminative": {"discriminative": False},
     "external": {"train_generator": False},
+    "separate_normalisation": {"score_normalisation": "separate"},
 }
 
 
@@ -306,14 +307,14 @@ def reference_step(config: EvoRubricConfig, task, tokenizer, examples, calls, po
             while len(pool_after) > config.pool_max_questions:
                 pool_after.popitem(last=False)
         for n in range(num_n):
-            s_base = ref.positive_points_score([[met(n, c) for c in base]], [[c.weight for c in base]],
-                                               [[True] * len(base)])[0]
-            s_pool = ref.positive_points_score([[met(n, c) for c in scored]], [[c.weight for c in scored]],
-                                               [[True] * len(scored)])[0]
+            score = ref.evorubric_reasoner_rewards(
+                [[met(n, c) for c in base]], [[c.weight for c in base]], [[True] * len(base)],
+                [[met(n, c) for c in scored]], [[c.weight for c in scored]], [[True] * len(scored)], [0.0],
+                config.score_normalisation)[0]
             length = len(reasoner_samples[p * num_n + n].output_ids)
             shaped = ref.dapo_overlong_shaping([0.0], [length], reasoner_params.max_new_tokens,
                                                config.overlong_buffer, config.overlong_factor)[0]
-            reward = s_base + s_pool + shaped
+            reward = score + shaped
             ok = graded[n] or config.on_judge_failure == "zero_reward"
             reasoner_rewards.append(reward if graded[n] else 0.0)
             valid.append(ok)
@@ -369,7 +370,8 @@ def test_two_steps_match_the_numpy_reference(ablation):
     check_against_reference(config, coarse_task(), examples, algorithm, result, calls, before)
 
 
-def test_hand_computed_scripted_step():
+@pytest.mark.parametrize("normalisation", ["joint", "separate"])
+def test_hand_computed_scripted_step(normalisation):
     """The first question of the scripted world by hand (it has a multiplication, so every response uses one).
 
     Responses: gold, gold, wrong at step 2, wrong at step 1 (a wrong step's result is off by one, later steps
@@ -380,19 +382,24 @@ def test_hand_computed_scripted_step():
     v_0 = (S1 + WS) / 2 = (1.5, 1.5, 0, -1.5), v_3 = (2, 2, 0, 0); rho_0 = rho_3 = corr(v_0, v_3)
         = 4.5 / sqrt(6.1875 * 4) (deviations (1.125, 1.125, -0.375, -1.875) and (1, 1, -1, -1)).
     R_gen = rho~ + r_meta + r_disc: m0 rho + 1 + 1; m1 0 + (1 - 1) / 2 + 0 = 0; m2 0; m3 rho + 1 + 1; m4 -1.
-    Reasoner: S_base = (answer 2 + format 0.5) / 2.5 = 1 for gold, 0.5 / 2.5 = 0.2 for the wrong ones; S_pool
-    over S1, WS, S2 (positive points 5) = (5, 5, 0, -3) / 5.
+    Reasoner (eq 4): the base rubric's met points (answer 2 + format 0.5 for gold, format 0.5 for the wrong ones)
+    over its positive points 2.5, the pool's over S1, WS, S2 (5, 5, 0, -3) over its positive points 5:
+      separate: S_base + S_pool = (2.5, 2.5, 0.5, 0.5) / 2.5 + (5, 5, 0, -3) / 5;
+      joint:    (2.5 + 5, 2.5 + 5, 0.5 + 0, 0.5 - 3) / (2.5 + 5).
     """
     proposals = {question: ["+3 S1\n-3 WS", "+1 MU\n+2 NI", "none", "+2 S2", "+3 S1\n+9 XX"]
                  for question in [e.question for e in two_problems()]}
-    config = EvoRubricConfig(generator_group_size=5, responses_shown=2, max_proposed=4)
+    config = EvoRubricConfig(generator_group_size=5, responses_shown=2, max_proposed=4,
+                             score_normalisation=normalisation)
     examples = two_problems()
     algorithm, result, _, _ = run_step(config, examples, proposals=proposals)
     assert [(c.name, c.weight) for c in pool_dict(algorithm.state_dict())[examples[0].question]] == [
         ("S1", 3), ("WS", -3), ("S2", 2)]
     rho = 4.5 / math.sqrt(6.1875 * 4)
     generator_reward = np.array([rho + 2, 0, 0, rho + 2, -1])
-    reasoner_reward = np.array([1, 1, 0.2, 0.2]) + np.array([5, 5, 0, -3]) / 5
+    base_points, pool_points = np.array([2.5, 2.5, 0.5, 0.5]), np.array([5, 5, 0, -3])
+    reasoner_reward = (base_points / 2.5 + pool_points / 5 if normalisation == "separate"
+                       else (base_points + pool_points) / 7.5)
 
     def grpo(r):  # sample std, eps 1e-6
         return (r - r.mean()) / (r.std(ddof=1) + 1e-6)

@@ -186,6 +186,28 @@ def evorubric_generator_rewards(scores_mkn, proposed, verified, response_mask, n
     return kept, rho, reward
 
 
+def evorubric_reasoner_rewards(satisfied_base, points_base, base_mask, satisfied_pool, points_pool, pool_mask,
+                               length_penalty, normalisation):
+    """Eq 4 row by row: "separate", S_base + S_pool with each source's own positive points as its denominator;
+    "joint", every met criterion's points of both sources over the positive points of both. Minus p_len."""
+    out = []
+    for b in range(len(length_penalty)):
+        earned, positive = [0.0, 0.0], [0.0, 0.0]
+        for source, (satisfied, points, mask) in enumerate(((satisfied_base, points_base, base_mask),
+                                                           (satisfied_pool, points_pool, pool_mask))):
+            for k in range(len(satisfied[b])):
+                if mask[b][k]:
+                    earned[source] += _f(points[b][k]) * _f(satisfied[b][k])
+                    positive[source] += max(_f(points[b][k]), 0.0)
+        if normalisation == "joint":
+            total = sum(positive)
+            score = sum(earned) / total if total > 0 else 0.0
+        else:
+            score = sum(e / p if p > 0 else 0.0 for e, p in zip(earned, positive))
+        out.append(score - _f(length_penalty[b]))
+    return out
+
+
 def dapo_group_filter(values, group_ids, valid, min_std=0.0):
     groups = group_members(group_ids, valid)
     keep = []

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from rubric_jax.core import rubric_validity as rv
-from rubric_jax.core.rewards import excess_penalty, weighted_fraction
+from rubric_jax.core.rewards import excess_penalty, positive_points_score, weighted_fraction
 from tests.core import reference_rewards as ref
 from tests.core.random_batches import random_group_ids, random_rewards, random_rollouts
 
@@ -30,6 +30,7 @@ meta_reward = jax.jit(rv.evorubric_meta_reward)
 disc_reward = jax.jit(rv.evorubric_discriminative_reward)
 generator_reward = jax.jit(rv.evorubric_generator_reward)
 evo_reasoner_reward = jax.jit(rv.evorubric_reasoner_reward)
+evo_joint_reasoner_reward = jax.jit(rv.evorubric_joint_reasoner_reward)
 group_filter = jax.jit(rv.dapo_group_filter, static_argnames="min_std")
 exploration = jax.jit(rv.rgr_exploration_assessment)
 
@@ -225,6 +226,36 @@ def test_evorubric_reasoner_eq4_hand_computed():
     out = evo_reasoner_reward(satisfied_base, np.array([4.0, 2.0, -3.0]), np.ones(3, bool), satisfied_pool,
                               np.array([1.0, -1.0]), pool_mask, np.array([0.1, 0.0, 0.0]))
     np.testing.assert_allclose(out, [1 / 6 + 1 - 0.1, 2 / 6 - 1, 1.0], rtol=1e-6)
+    # One denominator (positive points 6 + 1 = 7): row 0 (4 - 3 + 1) / 7 - 0.1; row 1 (2 - 1) / 7; row 2 has no
+    # pool, so its denominator is the base rubric's 6: (4 + 2) / 6.
+    joint = evo_joint_reasoner_reward(satisfied_base, np.array([4.0, 2.0, -3.0]), np.ones(3, bool), satisfied_pool,
+                                      np.array([1.0, -1.0]), pool_mask, np.array([0.1, 0.0, 0.0]))
+    np.testing.assert_allclose(joint, [2 / 7 - 0.1, 1 / 7, 1.0], rtol=1e-6)
+
+
+def test_evorubric_eq4_a_one_criterion_pool_weighs_its_points_under_joint_normalisation():
+    """Base rubric: ten criteria of +1; pool: one criterion of +2. Row 0 meets five base criteria and the pool's;
+    row 1 meets all ten base criteria and not the pool's. Separate (eq 4 with each source over its own positive
+    points): row 0 5/10 + 2/2 = 1.5 beats row 1's 10/10 + 0/2 = 1, the +2 criterion outweighing five +1 ones.
+    Joint (one denominator, 10 + 2): row 0 (5 + 2)/12 = 7/12, row 1 10/12."""
+    satisfied_base = np.array([[1] * 5 + [0] * 5, [1] * 10], np.float32)
+    args = (satisfied_base, np.ones(10, np.float32), np.ones(10, bool), np.array([[1.0], [0.0]]), np.array([2.0]),
+            np.ones(1, bool), np.zeros(2))
+    np.testing.assert_allclose(evo_reasoner_reward(*args), [1.5, 1.0], rtol=1e-6)
+    np.testing.assert_allclose(evo_joint_reasoner_reward(*args), [7 / 12, 10 / 12], rtol=1e-6)
+
+
+def test_evorubric_eq4_a_penalty_only_pool_subtracts_only_under_joint_normalisation():
+    """Base rubric: +3, +1; pool: one penalty -2. Both rows meet the +3 criterion; row 0 also commits the pool's
+    flaw. Separate: the pool has no positive points, so S_pool = 0 for both (E1): 3/4 = 0.75 either way. Joint:
+    row 0 (3 - 2)/4 = 0.25, row 1 3/4."""
+    args = (np.array([[1, 0], [1, 0]], bool), np.array([3.0, 1.0]), np.ones(2, bool), np.array([[1], [0]], bool),
+            np.array([-2.0]), np.ones(1, bool), np.zeros(2))
+    np.testing.assert_allclose(evo_reasoner_reward(*args), [0.75, 0.75], rtol=1e-6)
+    np.testing.assert_allclose(evo_joint_reasoner_reward(*args), [0.25, 0.75], rtol=1e-6)
+    # Nothing positive anywhere: the joint score is 0 (a checklist that rewards nothing), minus p_len.
+    nothing = (args[0], np.array([-1.0, -3.0]), *args[2:6], np.array([0.5, 0.0]))
+    np.testing.assert_allclose(evo_joint_reasoner_reward(*nothing), [-0.5, 0.0])
 
 
 # ---------------------------------------------------------------- DAPO and RGR-GRPO, hand-computed
@@ -318,6 +349,23 @@ def test_evorubric_matches_the_loop_reference(seed):
     np.testing.assert_allclose(reward, ref_reward, rtol=1e-5, atol=1e-5)
 
 
+def random_reasoner_sources(rng, rows=B, base_items=5, pool_items=4):
+    """Eq 4's two sources: partial-credit verdicts, integer points in [-4, 4] per row, ragged masks (a row's pool
+    may be empty), and length penalties."""
+    def source(items):
+        return (rng.random((rows, items)) * (rng.random((rows, items)) < 0.7),
+                rng.integers(-4, 5, (rows, items)).astype(np.float32), rng.random((rows, items)) < 0.75)
+    return (*source(base_items), *source(pool_items), (rng.random(rows) * 0.3).astype(np.float32))
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_evorubric_reasoner_rewards_match_the_loop_reference(seed):
+    sources = random_reasoner_sources(np.random.default_rng(seed))
+    for function, normalisation in ((evo_reasoner_reward, "separate"), (evo_joint_reasoner_reward, "joint")):
+        np.testing.assert_allclose(function(*sources), ref.evorubric_reasoner_rewards(*sources, normalisation),
+                                   rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("seed", range(30))
 def test_group_decisions_match_the_loop_reference(seed):
     rng = np.random.default_rng(seed)
@@ -388,6 +436,33 @@ def test_evorubric_consensus_is_bounded_and_permutation_equivariant(scores, mask
     shuffled = scores[perm_m][:, :, perm_r]
     rho_shuffled = peer_consensus(*batch_scores(shuffled, kept[perm_m]), response_mask[perm_r])
     np.testing.assert_allclose(rho_shuffled, rho[perm_m], atol=1e-5)
+
+
+@given(st.integers(0, 2**31 - 1))
+def test_evorubric_reasoner_reward_bounds(seed):
+    """Verdicts in [0, 1]: the joint score is at most 1, at least -(penalty points) / (positive points), 0 without
+    positive points, and, when both sources have positive points, the K_pos-weighted mean of S_base and S_pool,
+    so between them; the separate sum is at most 2."""
+    sources = random_reasoner_sources(np.random.default_rng(seed))
+    satisfied_base, points_base, base_mask, satisfied_pool, points_pool, pool_mask, length_penalty = sources
+    joint = np.asarray(evo_joint_reasoner_reward(*sources)) + length_penalty
+    separate = np.asarray(evo_reasoner_reward(*sources)) + length_penalty
+    s_base = np.asarray(positive_points_score(satisfied_base, points_base, base_mask))
+    s_pool = np.asarray(positive_points_score(satisfied_pool, points_pool, pool_mask))
+    positive_base = np.where(base_mask, np.maximum(points_base, 0), 0).sum(axis=1)
+    positive_pool = np.where(pool_mask, np.maximum(points_pool, 0), 0).sum(axis=1)
+    negative = np.where(base_mask, np.minimum(points_base, 0), 0).sum(axis=1) + np.where(
+        pool_mask, np.minimum(points_pool, 0), 0).sum(axis=1)
+    tol = 1e-5
+    assert np.all(joint <= 1 + tol) and np.all(separate <= 2 + tol)
+    has_points = positive_base + positive_pool > 0
+    assert np.all(joint[has_points] >= negative[has_points] / (positive_base + positive_pool)[has_points] - tol)
+    assert np.all(joint[~has_points] == 0)
+    both = (positive_base > 0) & (positive_pool > 0)
+    assert np.all(joint[both] >= np.minimum(s_base, s_pool)[both] - tol)
+    assert np.all(joint[both] <= np.maximum(s_base, s_pool)[both] + tol)
+    weighted = (positive_base * s_base + positive_pool * s_pool) / np.where(both, positive_base + positive_pool, 1)
+    np.testing.assert_allclose(joint[both], weighted[both], rtol=1e-5, atol=1e-6)
 
 
 @st.composite
