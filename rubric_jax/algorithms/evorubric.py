@@ -10,7 +10,8 @@ For each step (N = sampling.n responses and M = generator_group_size rubric sets
      from the generator prompt with these responses and no existing
      criteria, parsed, kept per question and checkpointed
   2. R_1..R_M ~ pi(. | q, O, C_hist, p_gen), C_hist = base rubric     base.sample_groups(stream=1),     eq 2
-     + pool[q]; O = the first responses_shown responses              generator_io: Table 5's prompt    Table 5
+     + pool[q]; O = the answers (thinking stripped) of the first     generator_io: Table 5's prompt    Table 5
+     responses_shown responses
      each R_m parsed (a failure is counted and earns                  (prompts.rubric_generator_prompt,
      parse_failure_reward - p_len; "[]" is the empty proposal)        parsing.parse_evorubric_rubrics)
                                                                      or the task's (generator_format)
@@ -24,9 +25,9 @@ For each step (N = sampling.n responses and M = generator_group_size rubric sets
   5. variance filter: R^_m = {r in R~_m | std_n s_r > 0}              zero_variance_prune               step 3
   6. LOO consensus: rho_m = corr(v_m, v_\\m), v_m = mean of R^_m       evorubric_batch_scores,           step 4
                                                                      evorubric_peer_consensus
-  7. R_gen(R_m) = rho~_m + r_meta + r_disc - p_num - p_len            evorubric_scaled_consensus,       eq 3
-                                                                     evorubric_meta_reward,
-                                                                     evorubric_discriminative_reward
+  7. R_gen(R_m) = rho~_m + r_meta + r_disc - p_num - p_len; p_len     evorubric_scaled_consensus,       eq 3
+     counts the rubric text's tokens (the output after its           evorubric_meta_reward,
+     thinking: `rubric_text_tokens`)                                 evorubric_discriminative_reward
                                                                      (core.rubric_validity, vmapped
                                                                      over questions: generator_terms);
                                                                      rewards.excess_penalty (count, tokens)
@@ -58,7 +59,7 @@ Where the paper is silent (each choice is a config field): M (generator_group_si
 the reward of an unparsable proposal (parse_failure_reward, default -1: the r_meta of a proposal the
 meta-verifier rejects entirely); which responses the generator sees (the first responses_shown of the group, a
 uniform sample since the N responses are exchangeable; None shows all) and how much of each (its first
-shown_response_max_tokens tokens); the pool's key (the question text), its
+shown_response_max_tokens tokens of its answer); the pool's key (the question text), its
 bounds and its eviction rule (`MemoryPool`); the meta-verifier's model (the run's meta_verifier.model); the
 prompt of a generated base rubric (`_base_rubrics`: Table 5's, with the first visit's shown responses). A
 criterion the LLM meta-verifier could not judge (its request failed after retries, or its verdict did not parse)
@@ -69,7 +70,8 @@ question's score matrix (the response mask of steps 5-6) and, as in RaR, gives i
 Metrics: "reward/*", "advantage/*" the reasoner's (its valid rows), "reasoner/base_score/*" and
 "reasoner/pool_score/*" (S_base, S_pool); "generator/reward/*", "generator/advantage/*", the means of eq 3's terms
 ("generator/consensus_term", "meta_term", "disc_term", "count_penalty", "length_penalty", ablated terms 0) and
-"generator/length_mean"; "evorubric/generator_format_rate", "evorubric/parse_failed/<reason>",
+"generator/length_mean" (generated tokens, thinking included), "generator/rubric_length_mean" (the rubric text's
+tokens, p_len's); "evorubric/generator_format_rate", "evorubric/parse_failed/<reason>",
 "evorubric/empty_proposal_rate", "evorubric/proposed_mean" (criteria per parsed proposal),
 "evorubric/meta_rejected_fraction" and "evorubric/meta_rejected/<category>" (of the proposed criteria;
 "meta_verifier_failed": those the LLM meta-verifier could not judge, whose requests the trainer logs as
@@ -114,13 +116,15 @@ class EvoRubricConfig:
     policy_loss: Appendix B eq 5 / Table 8: clip (0.2, 0.28), no KL, the sequence-mean of token means.
     generator_group_size: M rubric sets per question (>= 2: the consensus needs peers; the paper gives no M).
     generator_max_new_tokens: the generator's token budget; responses_shown: reasoner responses in its prompt
-    (None: all N, as eq 2 conditions on the whole group O); shown_response_max_tokens: each shown response's
-    first tokens only (None: whole responses), which bounds the prompt by responses_shown x this cap plus the
-    question and C_hist (N = 8 responses of up to 8192 tokens would not fit Table 8's 12288-token prompt).
+    (None: all N, as eq 2 conditions on the whole group O); shown_response_max_tokens: the first tokens of each
+    shown response's answer, its thinking stripped (`shown_answer`; None: whole answers), which bounds the prompt
+    by responses_shown x this cap plus the question and C_hist (N = 8 responses of up to 8192 tokens would not fit
+    Table 8's 12288-token prompt).
     max_proposed: the most criteria a proposal may hold (more is a parse failure); the score
     matrix's K.
     count_budget / count_coef: p_num = count_coef * max(|R_m| - count_budget, 0) (Table 5 asks for 0 to 6).
-    generator_length_budget / generator_length_coef: the generator's p_len, the same form over its tokens.
+    generator_length_budget / generator_length_coef: the generator's p_len, the same form over the tokens of its
+    rubric text, its thinking not counted (`rubric_text_tokens`).
     overlong_buffer / overlong_factor: the reasoner's p_len, DAPO's overlong penalty over the last
     overlong_buffer tokens of rollout.max_new_tokens (Table 8: 4096 of 8192, factor 1.0; 0: no penalty).
     score_normalisation: eq 4's S_base + S_pool: "joint" (the default), the met points of the base rubric and the
@@ -261,6 +265,26 @@ class _Proposals:
     rejected: collections.Counter
 
 
+def shown_answer(tokenizer: Any, text: str, max_tokens: Optional[int]) -> str:
+    """What the generator is shown of a reasoner response (eq 2's O): its answer, the thinking stripped
+    (`parsing.thinking_stripped`: "" for a response cut off while thinking), cut to its first `max_tokens` tokens
+    (None: whole). A thinking policy's first tokens are thinking, which the paper's generator does not read: Table 9
+    shows it answer snippets, and Table 8's 12288-token prompt holds eight answers, not eight 8192-token rollouts."""
+    answer = parsing.thinking_stripped(text)
+    if max_tokens is None:
+        return answer
+    ids = tokenizer.encode(answer, add_special_tokens=False)
+    return answer if len(ids) <= max_tokens else response_text(tokenizer, ids[:max_tokens])
+
+
+def rubric_text_tokens(tokenizer: Any, text: str) -> int:
+    """The length the generator's p_len counts (eq 3: p_len "constrains the verbosity of the generated rubric
+    text"): the tokens of its output's answer, the thinking stripped (`parsing.thinking_stripped`; 0 for an output
+    cut off while thinking, which holds no rubric text and fails to parse), encoded without special tokens (the
+    stop token is no text)."""
+    return len(tokenizer.encode(parsing.thinking_stripped(text), add_special_tokens=False))
+
+
 def verified_columns(existing, verified) -> dict[tuple[int, int, int], int]:
     """{(p, m, k): judge column} of each verified criterion in step 4's rubric of question p: after the
     question's existing criteria (base rubric, then pool), proposal by proposal."""
@@ -393,7 +417,7 @@ class EvoRubric(base.Algorithm):
         terms = jax.device_get(generator_terms(scores, proposed_mask, verified_mask,
                                                judged.reshape(len(examples), num_responses),
                                                variance_filter=config.discriminative))
-        generator_reward, generator_terms_ = self._generator_reward(proposals, terms, generator)
+        generator_reward, generator_terms_ = self._generator_reward(proposals, terms, generator, context.tokenizer)
 
         # 8. R^ archived into the pool before the reasoner is scored (w/o the pool: scored with R^ alone). A
         # question is scored with its pool as its own archive left it (a question drawn twice in one step is
@@ -467,13 +491,13 @@ class EvoRubric(base.Algorithm):
                              "paper and meta_verifier.kind llm")
 
     def _shown_responses(self, reasoner, context) -> list[list[str]]:
-        """Per question, the responses the generator sees: the first responses_shown of its N, each its first
-        shown_response_max_tokens tokens."""
+        """Per question, the responses the generator sees: the first responses_shown of its N, each its answer's
+        first shown_response_max_tokens tokens (`shown_answer`)."""
         config, num_responses = self.config, context.sampling.n
-        shown, cap = config.responses_shown or num_responses, config.shown_response_max_tokens
-        texts = [response_text(context.tokenizer, s.output_ids[:cap]) if cap is not None and len(s.output_ids) > cap
-                 else text for s, text in zip(reasoner.samples, reasoner.texts)]
-        return [texts[start:start + shown] for start in range(0, len(texts), num_responses)]
+        shown = config.responses_shown or num_responses
+        return [[shown_answer(context.tokenizer, text, config.shown_response_max_tokens)
+                 for text in reasoner.texts[start:start + shown]]
+                for start in range(0, len(reasoner.texts), num_responses)]
 
     def _frozen_engine(self, context, role: str):
         """The context's frozen initial policy, which `role` samples from; ValueError naming the role without one."""
@@ -584,12 +608,13 @@ class EvoRubric(base.Algorithm):
                     scores[p, m, k] = criterion.weight * verdicts.satisfied_bk[rows, columns[p, m, k]]
         return scores, proposed, verified
 
-    def _generator_reward(self, proposals, terms: GeneratorTerms, generator) -> tuple[np.ndarray, dict]:
+    def _generator_reward(self, proposals, terms: GeneratorTerms, generator, tokenizer) -> tuple[np.ndarray, dict]:
         """Eq 3 per generator rollout [P * M], with the ablated terms left out; an unparsable proposal earns
-        parse_failure_reward - p_len. Also returns each term (for the metrics)."""
+        parse_failure_reward - p_len, p_len over `rubric_text_tokens`. Also returns each term and those lengths
+        (for the metrics)."""
         config = self.config
         count = np.array([len(batch or ()) for batches in proposals.parsed for batch in batches], np.float32)
-        lengths = np.array([len(s.output_ids) for s in generator.samples], np.float32)
+        lengths = np.array([rubric_text_tokens(tokenizer, text) for text in generator.texts], np.float32)
         parsed = np.array([batch is not None for batches in proposals.parsed for batch in batches])
         penalties = {
             "count_penalty": np.asarray(rewards.excess_penalty(count, budget=config.count_budget,
@@ -603,7 +628,7 @@ class EvoRubric(base.Algorithm):
             "disc_term": terms.disc.reshape(-1) * config.discriminative,
         }
         reward = np.where(parsed, sum(quality.values()) - penalties["count_penalty"], config.parse_failure_reward)
-        return reward - penalties["length_penalty"], {**quality, **penalties}
+        return reward - penalties["length_penalty"], {**quality, **penalties, "rubric_length_mean": lengths}
 
     def _reasoner_reward(self, base_rubrics, scored_pool, pool_columns, verdicts, reasoner, max_length):
         """Eq 4 per reasoner rollout [P * N] under score_normalisation (and each source's own positive-points

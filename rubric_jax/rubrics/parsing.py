@@ -42,6 +42,7 @@ from rubric_jax.rubrics.schema import (
 )
 
 MAX_OUTPUT_CHARS = 1_000_000
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"  # a reasoning model's thinking block (Qwen3, DeepSeek-R1)
 _MAX_JSON_STARTS = 32
 _MAX_INT_DIGITS = 18  # longer integer literals are out of every bound here, and of float64's exact range
 _INT32_MAX = 2**31 - 1
@@ -174,14 +175,30 @@ def _guard(body: Callable[[str], Any], text: str, fail: Callable[[str, str], Any
         return fail("internal_error", f"{type(error).__name__}: {error}"[:300])
 
 
+def answer_start(text: str) -> Optional[int]:
+    """Where a reasoning model's answer starts in `text`: after the last "</think>"; 0 when there is none (the
+    whole text is the answer); None when a "<think>" opens the text and never closes (it has no answer: cut off
+    while thinking). The reading every parser here applies before it looks for its JSON."""
+    close = text.rfind(THINK_CLOSE)
+    if close >= 0:
+        return close + len(THINK_CLOSE)
+    return None if text.lstrip().startswith(THINK_OPEN) else 0
+
+
+def thinking_stripped(text: str) -> str:
+    """A reasoning model's answer: `text` from `answer_start`, leading white space dropped; "" for an output cut
+    off while thinking (it has no answer)."""
+    start = answer_start(text)
+    return "" if start is None else text[start:].lstrip()
+
+
 def _answer_text(text: str) -> str:
     if len(text) > MAX_OUTPUT_CHARS:
         raise _Invalid("too_long", f"{len(text)} characters > {MAX_OUTPUT_CHARS}")
-    close = text.rfind("</think>")
-    if close >= 0:
-        text = text[close + len("</think>") :]
-    elif text.lstrip().startswith("<think>"):
+    start = answer_start(text)
+    if start is None:
         raise _Invalid("unterminated_think", "the output opens <think> and never closes it")
+    text = text[start:]
     if not text.strip():
         raise _Invalid("empty", "the output is blank")
     return text

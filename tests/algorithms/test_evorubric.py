@@ -231,6 +231,14 @@ def pool_dict(state) -> "collections.OrderedDict[str, list[Criterion]]":
         for entry in state.get("pool", []))
 
 
+def reference_answer(text: str) -> str:
+    """The text after the last "</think>" (all of it without one; nothing when a "<think>" opens it unclosed),
+    leading white space dropped: the rubric text whose tokens the generator's p_len counts."""
+    if "</think>" in text:
+        return text.rsplit("</think>", 1)[1].lstrip()
+    return "" if text.lstrip().startswith("<think>") else text.lstrip()
+
+
 def reference_step(config: EvoRubricConfig, task, tokenizer, examples, calls, pool_before, *, judge=None,
                    failed=lambda t: False):
     """Eqs 1-4 and GRPO recomputed with loops from the recorded generations, the task's parser and
@@ -263,7 +271,7 @@ def reference_step(config: EvoRubricConfig, task, tokenizer, examples, calls, po
         batches, kept_all, lengths = [], [], []
         for m in range(num_m):
             parse = task.parse_generated_rubric(outputs[p * num_m + m], config.max_proposed, allow_empty=True)
-            length = len(generator_samples[p * num_m + m].output_ids)
+            length = len(tokenizer.encode(reference_answer(outputs[p * num_m + m]), add_special_tokens=False))
             lengths.append(config.generator_length_coef * max(length - config.generator_length_budget, 0))
             if not parse.ok:
                 batches.append(None)
@@ -513,6 +521,51 @@ def test_shown_responses_are_cut_to_their_first_tokens():
             shown = [expected(text) for text in texts[4 * p:4 * p + 3]]
             assert prompt == task.generator_prompt(example, shown, task.rubric(example).criteria)
             assert len(texts[4 * p]) > 12  # the cap cut something
+
+
+def test_a_thinking_policys_shown_responses_are_its_answers():
+    """A thinking policy (Qwen3's default mode) opens each response with a <think> block: the generator is shown
+    the answer after it, cut to its first four tokens "### Step ", "1", ":", " " (the first four of the response
+    would be "<", "t", "h", "i"); a response cut off while thinking is shown as nothing."""
+    examples, task = two_problems(), coarse_task()
+    thinking = {e.question: ["<think>" + "x" * 20 + "</think>\n\n" + arithmetic.solution_text(e),
+                             "<think>" + "y" * 20 + "</think>" + wrong_at(e, 2), "<think>cut off", "<think>z"]
+                for e in examples}
+    config = EvoRubricConfig(generator_group_size=2, responses_shown=3, shown_response_max_tokens=4, max_proposed=4)
+    _, _, calls, _ = run_step(config, examples, responses=thinking)
+    (_, _, reasoner_samples), (generator_prompts, _, _) = calls
+    assert response_text(task.tokenizer(), reasoner_samples[0].output_ids).startswith("<think>xxx")
+    for example, prompt in zip(examples, generator_prompts):
+        shown = ["### Step 1: ", "### Step 1: ", ""]
+        assert prompt == task.generator_prompt(example, shown, task.rubric(example).criteria)
+
+
+def test_the_generators_length_penalty_counts_its_rubric_text_not_its_thinking():
+    """p_len = 0.1 max(tokens - 2, 0) over the rubric text (the world's tokenizer: one token a character).
+    Proposals of each question, with the scripted world's responses (gold, gold, wrong at 2, wrong at 1):
+      m0 "<think>" + 30 y + "</think>\n+3 S1": the world's parser reads no thinking, so it fails ("schema");
+         rubric text "+3 S1", 5 tokens: p_len 0.3 (the whole output, 52 tokens with the stop token, would give
+         5.0); R_gen = -1 - 0.3
+      m1 "<think>" + 30 z, cut off while thinking: no rubric text, p_len 0, fails to parse: R_gen = -1
+      m2 "+3 S1\n-3 WS", 11 tokens: p_len 0.9; both criteria verified and kept (S1 3 3 3 0, WS 0 0 -3 -3), no
+         parsed peer (rho 0): R_gen = 0 + r_meta 1 + r_disc 1 - 0.9 = 1.1."""
+    examples = two_problems()
+    proposals = {e.question: ["<think>" + "y" * 30 + "</think>\n+3 S1", "<think>" + "z" * 30, "+3 S1\n-3 WS"]
+                 for e in examples}
+    config = EvoRubricConfig(generator_group_size=3, responses_shown=2, max_proposed=4, generator_length_budget=2,
+                             generator_length_coef=0.1)
+    _, result, calls, _ = run_step(config, examples, proposals=proposals)
+    generator_reward = np.array([-1.3, -1.0, 1.1])
+    advantages = row_advantages(result.batch)
+    grpo = (generator_reward - generator_reward.mean()) / (generator_reward.std(ddof=1) + 1e-6)
+    np.testing.assert_allclose(advantages[8:11], grpo, rtol=1e-5)
+    np.testing.assert_allclose(advantages[11:14], grpo, rtol=1e-5)
+    metrics = result.metrics
+    assert metrics["generator/reward/mean"] == pytest.approx(generator_reward.mean(), abs=1e-6)
+    assert metrics["generator/length_penalty"] == pytest.approx((0.3 + 0 + 0.9) / 3, abs=1e-6)
+    assert metrics["generator/rubric_length_mean"] == pytest.approx((5 + 0 + 11) / 3)
+    assert metrics["generator/length_mean"] == pytest.approx((52 + 38 + 12) / 3)  # every generated token
+    assert metrics["evorubric/parse_failed/schema"] == 4
 
 
 def test_external_generator_rows_are_left_out_of_the_update():

@@ -253,6 +253,18 @@ This line is commentary."""
     assert parsing.parse_rgr_criteria("[Factual] (weight: 0) x", max_items=8).reason == "out_of_bounds"
 
 
+@pytest.mark.parametrize("text, start", [
+    ("<think>plan</think>\n\n[1]", 19),  # len("<think>plan</think>") = 7 + 4 + 8
+    ("a</think>b</think>c", 18),  # after the last close: 1 + 8 + 1 + 8
+    ("</think>x", 8),  # a template that opened the block in the prompt: only the close is generated
+    ("no thinking at all", 0),
+    ("  <think>cut off while thinking", None),
+    ("", 0),
+])
+def test_answer_start_is_after_the_last_think_close(text, start):
+    assert parsing.answer_start(text) == start
+
+
 def test_think_blocks_duplicate_keys_non_finite_and_huge_numbers():
     assert _values(parsing.parse_rating('<think>maybe {"rating": 0}</think>\n{"rating": 1}')) == {"rating": 1}
     assert parsing.parse_rating('<think>{"rating": 1} and still thinking').reason == "unterminated_think"
