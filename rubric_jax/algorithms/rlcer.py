@@ -28,7 +28,9 @@ For each step (P questions, N = sampling.n reasoner rollouts each; section 4, Al
   9. advantages (section 4.5, Table 3), by `estimator`:
      "ppo_critic" (the paper's: PPO with a critic, critic lr 1e-5): each   core.value.last_token_rewards;
      row's reward on its last response token; the trainer's critic gives   training.rl (Algorithm.uses_critic,
-     GAE advantages over both roles' rows (`critic` section of the run)    the run's critic section)
+     GAE advantages over both roles' rows (`critic` section of the run),   the run's critic section),
+     whitened per role ("computed separately for each role", sections     core.advantages.
+     4.1, 4.5; advantage_whitening)                                        whiten_tokens_by_group
      "grpo" (ablation; the paper calls GRPO unsuitable, after eq 13):      core.roles (role_mask, select_by_role),
      role-specific advantages, GRPO over each question's N reasoner        core.advantages.grpo_advantages,
      rollouts; the rubricator's rollouts each read another CoT, so no      core.roles.role_batch_advantages
@@ -113,7 +115,10 @@ class RLCERConfig:
     (None: the reasoner's); reasoner_reward / rubricator_training: the ablations (module docstring);
     estimator: step 9's "ppo_critic" (the paper's) or "grpo" (the ablation); under "grpo",
     reasoner_advantage / rubricator_advantage: "grpo" (per question) or "batch" (per role over the batch,
-    `core.roles.role_batch_advantages`; unused under "ppo_critic");
+    `core.roles.role_batch_advantages`; unused under "ppo_critic"); under "ppo_critic", advantage_whitening: how the
+    trainer whitens the GAE advantages (when the run's `critic.whiten_advantages`): "per_role" (the default: each
+    role's over its own tokens, the paper's "advantages computed separately for each role", sections 4.1 and 4.5)
+    or "joint" (over both roles' tokens together, verl's masked_whiten over the batch);
     on_judge_failure, penalty_validity, verifier_calls and
     rubricator_format: module docstring;
     overlong_buffer: DAPO's soft overlong penalty on the reasoner's reward, a ramp to -1 over the last
@@ -131,6 +136,7 @@ class RLCERConfig:
     estimator: Literal["ppo_critic", "grpo"] = "ppo_critic"
     reasoner_advantage: Literal["grpo", "batch"] = "grpo"
     rubricator_advantage: Literal["batch", "grpo"] = "batch"
+    advantage_whitening: Literal["per_role", "joint"] = "per_role"
     on_judge_failure: Literal["zero_reward", "exclude"] = "zero_reward"
     penalty_validity: Literal["flaw_absent", "as_written"] = "flaw_absent"
     verifier_calls: Literal["per_list", "pooled"] = "per_list"
@@ -351,15 +357,17 @@ def rubricator_io(task: Any, config: RLCERConfig) -> tuple[Callable, Callable]:
     return task.rubricator_prompt, functools.partial(task.parse_generated_rubric, max_items=config.max_items)
 
 
-def _trained_batch(rollouts: base.Rollouts, row_b: np.ndarray, trained_b: np.ndarray, critic: bool
-                   ) -> dict[str, np.ndarray]:
+def _trained_batch(rollouts: base.Rollouts, row_b: np.ndarray, trained_b: np.ndarray, critic: bool,
+                   whiten_group: int) -> dict[str, np.ndarray]:
     """The rollouts' learner arrays with the untrained rows' response masks off and, per row, the reward on its last
-    token ("token_rewards_bt", for the critic) or the advantage on every token ("advantages_bt")."""
+    token ("token_rewards_bt", for the critic, with "whiten_group_b": the rows' whitening group) or the advantage on
+    every token ("advantages_bt")."""
     batch = dict(rollouts.batch)
     mask_bt = jnp.asarray(batch["response_mask_bt"] & trained_b[:, None])
     batch["response_mask_bt"] = np.asarray(mask_bt)
     if critic:
         batch["token_rewards_bt"] = np.asarray(value.last_token_rewards(jnp.asarray(row_b), mask_bt))
+        batch["whiten_group_b"] = np.full(len(row_b), whiten_group, np.int32)
     else:
         batch["advantages_bt"] = np.asarray(advantages.broadcast_to_tokens(jnp.asarray(row_b), mask_bt))
     return batch
@@ -453,12 +461,14 @@ class RLCER(base.Algorithm):
             reasoner_row_b, rubricator_row_m = advantage_b[:len(correct_b)], advantage_b[len(correct_b):]
             metrics = {**base.summary_stats("advantage", reasoner_row_b, reasoner_trained_b),
                        **base.summary_stats("rubricator/advantage", rubricator_row_m, rubricator_trained_m)}
-        # 10: one batch over both roles (the frozen rubricator's rows left out).
-        parts = [(_trained_batch(reasoner, reasoner_row_b, reasoner_trained_b, self.uses_critic),
+        # 10: one batch over both roles (the frozen rubricator's rows left out); with the critic, each role its own
+        # whitening group unless advantage_whitening is joint.
+        per_role = config.advantage_whitening == "per_role"
+        parts = [(_trained_batch(reasoner, reasoner_row_b, reasoner_trained_b, self.uses_critic, REASONER),
                   reasoner.prompt_width)]
         if config.rubricator_training != "frozen":
-            parts.append((_trained_batch(rubricator, rubricator_row_m, rubricator_trained_m, self.uses_critic),
-                          rubricator.prompt_width))
+            parts.append((_trained_batch(rubricator, rubricator_row_m, rubricator_trained_m, self.uses_critic,
+                                         RUBRICATOR if per_role else REASONER), rubricator.prompt_width))
         batch, prompt_width = base.concat_batches(parts, context.pad_id)
         rubricator_lengths = np.array([len(s.output_ids) for s in rubricator.samples], np.float64)
         metrics = {

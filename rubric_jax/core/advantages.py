@@ -261,11 +261,27 @@ def broadcast_to_tokens(advantages_b: jax.Array, response_mask_bt: jax.Array) ->
 
 def whiten_tokens(values_bt: jax.Array, response_mask_bt: jax.Array, *, std_ddof: int = 1, eps: float = 1e-8) -> jax.Array:
     """Whitening over all valid tokens of the batch: (x - mean_tok) / (std_tok + eps), 0 off the mask."""
-    chex.assert_rank(values_bt, 2)
+    return whiten_tokens_by_group(values_bt, jnp.zeros(values_bt.shape[:1], jnp.int32), response_mask_bt,
+                                  std_ddof=std_ddof, eps=eps)
+
+
+def whiten_tokens_by_group(values_bt: jax.Array, group_ids_b: jax.Array, response_mask_bt: jax.Array, *,
+                           std_ddof: int = 1, eps: float = 1e-8) -> jax.Array:
+    """Whitening within each group of rows: (x - mean_g) / (std_g + eps), mean and std over the valid tokens of
+    the rows whose `group_ids_b` [B] equal (any ints), 0 off the mask.
+
+    RLCER (rlcer.txt, sections 4.1 and 4.5: advantages "computed separately for each role"): the group is the
+    row's role, so the reasoner's and the rubricator's GAE advantages are each whitened over their own tokens
+    (verl's masked_whiten, per role). One group is `whiten_tokens`. A group with one valid token, or whose tokens
+    tie, gets 0; a group without valid tokens has nothing to whiten.
+    """
+    chex.assert_rank([values_bt, group_ids_b], [2, 1])
     chex.assert_equal_shape([values_bt, response_mask_bt])
+    chex.assert_equal_shape_prefix([values_bt, group_ids_b], 1)
     flat = values_bt.reshape(-1)
     valid = response_mask_bt.reshape(-1).astype(bool)
-    stats = segment_stats(flat, jnp.zeros(flat.shape, jnp.int32), valid, num_segments=1, ddof=std_ddof)
+    token_groups = jnp.broadcast_to(dense_segment_ids(group_ids_b)[:, None], values_bt.shape).reshape(-1)
+    stats = segment_stats(flat, token_groups, valid, num_segments=values_bt.shape[0], ddof=std_ddof)
     whitened = scale_by_std(stats.deviation, stats.std, eps)
     return jnp.where(valid, whitened, 0).reshape(values_bt.shape)
 

@@ -75,7 +75,7 @@ from rubric_jax.judges.base import Judge, JudgeRequest
 from rubric_jax.judges.records import (FirstJudged, JudgedRollout, RecordingJudge, judged_rollout_from_json,
                                       judged_rollout_to_json, write_judged_rollouts)
 from rubric_jax.core import value as core_value
-from rubric_jax.core.advantages import whiten_tokens
+from rubric_jax.core.advantages import whiten_tokens_by_group
 from rubric_jax.core.rewards import weighted_fraction
 from rubric_jax.models import sharding, train_step
 from rubric_jax.models.value import make_value_train_step, make_values_fn
@@ -561,22 +561,24 @@ class _Learner:
 
 
 _gae = jax.jit(core_value.gae_advantages, static_argnames=("gamma", "lam"))
-_whiten = jax.jit(whiten_tokens)
+_whiten = jax.jit(whiten_tokens_by_group)
 
 
 def critic_advantages(batch: dict[str, np.ndarray], old_values_bt: np.ndarray, config: CriticConfig
                       ) -> dict[str, np.ndarray]:
     """`batch` plus the critic's "old_values_bt" and GAE's (`core.value.gae_advantages`) "advantages_bt" and
-    "returns_bt" from the recipe's "token_rewards_bt": the advantages whitened over all response tokens of the
-    batch when `config.whiten_advantages` (verl's masked_whiten after GAE), the returns (the critic's targets)
-    never. ValueError when the recipe gave no token rewards."""
+    "returns_bt" from the recipe's "token_rewards_bt": the advantages whitened when `config.whiten_advantages`
+    (verl's masked_whiten after GAE) over all response tokens of the batch, or, when the recipe gives a
+    "whiten_group_b" [B] (ints), within each group's rows (`core.advantages.whiten_tokens_by_group`: RLCER's
+    roles); the returns (the critic's targets) never. ValueError when the recipe gave no token rewards."""
     if "token_rewards_bt" not in batch:
         raise ValueError("a recipe that uses the critic must put its rewards in Experience.batch['token_rewards_bt']")
     mask_bt = batch["response_mask_bt"]
     advantages_bt, returns_bt = _gae(batch["token_rewards_bt"], old_values_bt, mask_bt, gamma=config.gamma,
                                      lam=config.lam)
     if config.whiten_advantages:
-        advantages_bt = _whiten(advantages_bt, mask_bt)
+        groups_b = batch.get("whiten_group_b", np.zeros(mask_bt.shape[0], np.int32))
+        advantages_bt = _whiten(advantages_bt, groups_b, mask_bt)
     return {**batch, "old_values_bt": old_values_bt, "advantages_bt": np.asarray(advantages_bt),
             "returns_bt": np.asarray(returns_bt)}
 

@@ -70,6 +70,17 @@ def verl_whiten(x, mask) -> np.ndarray:
     return np.where(mask, (np.asarray(x, np.float64) - mean) / np.sqrt(var + 1e-8), 0.0)
 
 
+def verl_whiten_by_group(x, mask, group_ids) -> np.ndarray:
+    """`verl_whiten` applied to each group's rows on its own (RLCER's per-role whitening); a group with fewer than
+    two valid tokens has no unbiased variance and gets 0."""
+    out = np.zeros(mask.shape)
+    for group in set(group_ids):
+        rows = np.array([[g == group] for g in group_ids])
+        if (mask & rows).sum() >= 2:
+            out += verl_whiten(x, mask & rows)
+    return out
+
+
 def last_token(rewards_b, mask) -> np.ndarray:
     """r_b on row b's last valid token, 0 elsewhere (nothing for a row without valid tokens)."""
     out = np.zeros(mask.shape)

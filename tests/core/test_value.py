@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
 from rubric_jax.core import aggregation, value
-from rubric_jax.core.advantages import whiten_tokens
+from rubric_jax.core.advantages import whiten_tokens, whiten_tokens_by_group
 from tests.core import reference_value as ref
 
 F32 = dict(rtol=2e-5, atol=2e-6)
@@ -106,6 +106,40 @@ def test_whitened_gae_equals_verls_masked_whiten(seed):
     expected = ref.verl_whiten(ref.verl_gae(batch.rewards, batch.values, batch.mask, 1.0, 0.95)[0], batch.mask)
     # verl divides by sqrt(var + 1e-8), whiten_tokens by std + 1e-8: equal to ~1e-8 relative unless var ~ 0.
     np.testing.assert_allclose(whiten_tokens(advantages, batch.mask), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_whitening_by_role_by_hand():
+    """RLCER's roles (rlcer.txt, sections 4.1 and 4.5: advantages "computed separately for each role"), with role
+    ids 7 (reasoner rows 0-1) and 3 (rubricator row 2).
+    Per role: reasoner tokens 1, 3, 5: mean 3, sample std sqrt((4 + 0 + 4) / 2) = 2 -> -1, 0, 1; rubricator tokens
+    10, 20, 30: mean 20, std sqrt((100 + 0 + 100) / 2) = 10 -> -1, 0, 1.
+    Jointly: the six tokens have mean 69 / 6 = 11.5 and sample variance (10.5^2 + 8.5^2 + 6.5^2 + 1.5^2 + 8.5^2
+    + 18.5^2) / 5 = 641.5 / 5, so every reasoner token is negative: the rubricator's scale sets the reasoner's."""
+    values = np.array([[1.0, 3.0, 99.0], [5.0, -7.0, 99.0], [10.0, 20.0, 30.0]], np.float32)
+    mask = np.array([[1, 1, 0], [1, 0, 0], [1, 1, 1]], bool)
+    by_role = whiten_tokens_by_group(values, np.array([7, 7, 3], np.int32), mask)
+    np.testing.assert_allclose(by_role, [[-1, 0, 0], [1, 0, 0], [-1, 0, 1]], atol=1e-6)
+    std = np.sqrt(641.5 / 5)
+    joint = np.array([[1 - 11.5, 3 - 11.5, 0], [5 - 11.5, 0, 0], [10 - 11.5, 20 - 11.5, 30 - 11.5]]) / std
+    np.testing.assert_allclose(whiten_tokens(values, mask), joint, rtol=1e-6)
+    np.testing.assert_allclose(whiten_tokens_by_group(values, np.zeros(3, np.int32), mask), joint, rtol=1e-6)
+    # A role with one valid token has no sample std: 0, and the other role is whitened as before.
+    one = mask.copy()
+    one[0] = [1, 0, 0]
+    one[1] = False
+    np.testing.assert_allclose(whiten_tokens_by_group(values, np.array([7, 7, 3], np.int32), one)[:2], 0)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_whitening_by_role_equals_verls_masked_whiten_per_role(seed):
+    rng = np.random.RandomState(seed)
+    batch = ref.random_value_batch(rng)
+    roles = rng.randint(0, 3, batch.mask.shape[0]).astype(np.int32)
+    advantages, _ = gae(batch.rewards, batch.values, batch.mask, gamma=1.0, lam=0.95)
+    expected = ref.verl_whiten_by_group(ref.verl_gae(batch.rewards, batch.values, batch.mask, 1.0, 0.95)[0],
+                                        batch.mask, roles)
+    # verl divides by sqrt(var + 1e-8), the whitening by std + 1e-8 (test_whitened_gae_equals_verls_masked_whiten).
+    np.testing.assert_allclose(whiten_tokens_by_group(advantages, roles, batch.mask), expected, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("seed", SEEDS)

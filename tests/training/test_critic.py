@@ -40,6 +40,30 @@ def test_critic_advantages_are_verls_gae_whitened_over_the_batch(seed, whiten):
     assert out["old_values_bt"] is batch.values
 
 
+def test_critic_advantages_are_whitened_within_each_whitening_group_by_hand():
+    """Values 0 and gamma = lam = 1, so GAE's advantage on each token of a row is the reward on its last token.
+    Reasoner rows (group 0): r = 1 and -1 on two tokens each; rubricator rows (group 1): r = 0.5 and 1.5 on one.
+    Per group (sample std): reasoner tokens 1, 1, -1, -1 -> mean 0, std sqrt(4 / 3): +-sqrt(3) / 2; rubricator
+    tokens 0.5, 1.5 -> mean 1, std sqrt(0.5): -+sqrt(0.5).
+    Jointly: mean (1 + 1 - 1 - 1 + 0.5 + 1.5) / 6 = 1 / 3, deviations 2/3, 2/3, -4/3, -4/3, 1/6, 7/6, sample
+    variance (4 + 4 + 16 + 16) / 9 / 5 + (1 + 49) / 36 / 5 = 7 / 6."""
+    mask = np.array([[1, 1], [1, 1], [0, 1], [0, 1]], bool)
+    rewards = np.array([[0, 1], [0, -1], [0, 0.5], [0, 1.5]], np.float32)
+    batch = {"token_rewards_bt": rewards, "response_mask_bt": mask, "whiten_group_b": np.array([0, 0, 1, 1])}
+    out = critic_advantages(batch, np.zeros((4, 2), np.float32), CriticConfig())
+    half_root3, root_half = np.sqrt(3) / 2, np.sqrt(0.5)
+    np.testing.assert_allclose(out["advantages_bt"], [[half_root3] * 2, [-half_root3] * 2, [0, -root_half],
+                                                      [0, root_half]], rtol=1e-6)
+    np.testing.assert_allclose(out["returns_bt"], np.where(mask, rewards[:, 1:], 0), rtol=1e-6)
+    joint = critic_advantages({**batch, "whiten_group_b": np.zeros(4, np.int32)}, np.zeros((4, 2), np.float32),
+                              CriticConfig())
+    expected_joint = (np.array([[1, 1], [-1, -1], [0, 0.5], [0, 1.5]]) - 1 / 3) / np.sqrt(7 / 6)
+    np.testing.assert_allclose(joint["advantages_bt"], np.where(mask, expected_joint, 0), rtol=1e-6)
+    without_groups = {key: value for key, value in batch.items() if key != "whiten_group_b"}
+    np.testing.assert_allclose(critic_advantages(without_groups, np.zeros((4, 2), np.float32),
+                                                 CriticConfig())["advantages_bt"], joint["advantages_bt"])
+
+
 def test_critic_advantages_need_token_rewards():
     mask = np.ones((2, 3), bool)
     with pytest.raises(ValueError, match="token_rewards_bt"):
@@ -126,6 +150,26 @@ def test_rlcers_critic_estimator_hands_each_rows_reward_on_its_last_token():
     assert row_rewards[8:].mean() == pytest.approx(ablation.metrics["rubricator/reward/mean"], abs=1e-6)
     assert np.std(row_rewards[:8]) > 0 and np.std(row_rewards[8:]) > 0
     assert "advantage/mean" not in critic.metrics and "advantage/mean" in ablation.metrics
+
+
+@pytest.mark.parametrize("whitening", ["per_role", "joint"])
+def test_rlcers_critic_advantages_are_whitened_per_role_unless_joint(whitening):
+    """Sections 4.1 and 4.5: advantages "computed separately for each role". Per role, each role's response
+    tokens have whitened advantages of mean 0 and sample std 1 (the critic's values are 0 here); jointly, only the
+    batch's tokens together do."""
+    experience, _ = world_step(RLCERConfig(advantage_whitening=whitening))
+    batch = experience.batch
+    roles = np.repeat([0, 1], 8)
+    np.testing.assert_array_equal(batch["whiten_group_b"], roles if whitening == "per_role" else 0)
+    out = critic_advantages(batch, np.zeros(batch["response_mask_bt"].shape, np.float32), CriticConfig())
+    mask = batch["response_mask_bt"]
+    groups = [roles == 0, roles == 1] if whitening == "per_role" else [np.ones(16, bool)]
+    for rows in groups:
+        tokens = out["advantages_bt"][rows][mask[rows]]
+        assert tokens.mean() == pytest.approx(0, abs=1e-5) and tokens.std(ddof=1) == pytest.approx(1, abs=1e-4)
+    if whitening == "joint":
+        reasoner_tokens = out["advantages_bt"][roles == 0][mask[roles == 0]]
+        assert abs(reasoner_tokens.mean()) > 1e-3  # the two roles' rewards differ in scale
 
 
 def test_rlcer_trains_with_its_critic_end_to_end(tmp_path, hashed):
