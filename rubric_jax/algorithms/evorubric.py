@@ -128,7 +128,7 @@ class EvoRubricConfig:
     overlong_buffer / overlong_factor: the reasoner's p_len, DAPO's overlong penalty over the last
     overlong_buffer tokens of rollout.max_new_tokens (Table 8: 4096 of 8192, factor 1.0; 0: no penalty).
     score_normalisation: eq 4's S_base + S_pool: "joint" (the default), the met points of the base rubric and the
-    pool over the positive points of both, one checklist under section 2's r = sum_k s_k / K_pos
+    pool over the positive points of both, one checklist under section 3's r = sum_k s_k / K_pos
     (`rubric_validity.evorubric_joint_reasoner_reward`; 3.3.2 step 2 speaks of "the denominator" of "a normalized
     Reasoner reward"), or "separate", each source over its own positive points and the two scores added
     (`rubric_validity.evorubric_reasoner_reward`), under which a one-criterion pool weighs as much as the whole

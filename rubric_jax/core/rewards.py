@@ -89,7 +89,7 @@ def typed_item_credit(satisfied_bk: jax.Array, item_kind_bk: jax.Array, failed_b
 def positive_points_score(satisfied_bk: jax.Array, points_bk: jax.Array, item_mask_bk: jax.Array) -> jax.Array:
     """Points of the met items, negatives included, over the sum of positive points, [B].
 
-    HealthBench's grader; EvoRubric (evorubric.txt, section 2 "Rubric-based Reward Formulation":
+    HealthBench's grader; EvoRubric (evorubric.txt, section 3 "Rubric-based Reward Formulation":
     r_i = sum_k s_ik / K_pos, K_pos = sum_k max(w_k, 0), with s_ik = w_k when criterion k is met).
     Partial credit s in [0, 1] awards s * w_k. The score is at most 1 and can be negative (a met penalty item);
     it is not clipped here (use `clip_rewards`). Degenerate: no positive points (no existing item, or only

@@ -314,7 +314,7 @@ def evorubric_reasoner_reward(
     [B].
 
     S_base and S_pool are each the positive-points-normalised score (`rewards.positive_points_score`, the
-    paper's section 2 normalisation) against the native rubric [.., K] and the memory pool [.., J] respectively;
+    paper's section 3 normalisation) against the native rubric [.., K] and the memory pool [.., J] respectively;
     an empty (or penalty-only) source contributes 0. `length_penalty_b` >= 0 is subtracted. The sum lies in
     (-inf, 2] - p_len. One reading of eq 4; `evorubric_joint_reasoner_reward` is the other.
     """
@@ -336,7 +336,7 @@ def evorubric_joint_reasoner_reward(
     """EvoRubric's reasoner reward (evorubric.txt, eq 4) under one denominator: (x_base + x_pool) / (K_pos_base +
     K_pos_pool) - p_len, [B].
 
-    x is a source's points of the met criteria, penalties included, K_pos its positive points: section 2's
+    x is a source's points of the met criteria, penalties included, K_pos its positive points: section 3's
     r = sum_k s_k / K_pos over the base rubric [.., K] and the memory pool [.., J] taken as one checklist (3.3.2
     step 2: "the denominator is strictly defined as the sum of maximum positive rubric points"). Each criterion
     weighs its points whichever source holds it, and a met penalty of a penalty-only pool still subtracts. When
