@@ -53,9 +53,8 @@ class RubricGroundedConfig:
     scale_by_std: divide by the (leave-one-out or group) std, the paper's "reward normalization"; std_ddof / eps:
     that std (1: sample std) and its epsilon; dynamic_sampling: step 6, "off" (false), "mask" (true) or
     "resample", with max_num_gen_batches (0: no cap) and gen_batch_prompts (None: prompts_per_step) for "resample"
-    only (`base.dynamic_groups`); truncation: "none", "scale" (reward times
-    truncation_factor in [0, 1]) or "mask" (step 4). The policy loss defaults to the paper's: PPO clip 0.2, k3 KL
-    with coefficient 0.01, token mean."""
+    only (`base.dynamic_groups`); truncation: "none", "scale" (reward times truncation_factor in [0, 1]) or "mask"
+    (step 4). The policy loss defaults to the paper's: PPO clip 0.2, k3 KL with coefficient 0.01, token mean."""
 
     policy_loss: base.PolicyLossConfig = base.PolicyLossConfig(kl_coef=0.01, kl_estimator="k3")
     max_items: int = 16

@@ -429,6 +429,9 @@ class RLConfig:
         _require(gen_batch_prompts is None or gen_batch_prompts >= self.rollout.prompts_per_step,
                  f"algorithm.params.gen_batch_prompts ({gen_batch_prompts}) must be at least rollout.prompts_per_step "
                  f"({self.rollout.prompts_per_step}): a step's first generation batch holds its examples")
+        _require(self.algorithm_config_value("dynamic_sampling") != "resample" or self.rollout.group_size > 1,
+                 "algorithm.params.dynamic_sampling resample needs rollout.group_size > 1: a group of one response "
+                 "is never informative, so every step would draw until its cap")
         if self.model.init is not None:
             _require(self.rollout.max_new_tokens < self.model.init.max_position_embeddings,
                      f"rollout.max_new_tokens ({self.rollout.max_new_tokens}) leaves no room for a prompt in "

@@ -298,7 +298,7 @@ def test_the_modes_and_the_booleans_of_older_configs():
     assert DAPOConfig().dynamic_sampling == "mask" and SRaRConfig().dynamic_sampling == "off"
 
 
-def test_a_generation_batch_smaller_than_the_step_is_refused_at_load(tmp_path):
+def test_a_generation_batch_smaller_than_the_step_and_groups_of_one_are_refused_at_load(tmp_path):
     params = {"dynamic_sampling": "resample", "gen_batch_prompts": 1, "overlong_buffer": 4}
     with pytest.raises(ValueError, match="gen_batch_prompts .1. must be at least rollout.prompts_per_step .2."):
         tiny_rl_config(tmp_path, algorithm=AlgorithmSpec(name="dapo", params=params))
@@ -306,6 +306,9 @@ def test_a_generation_batch_smaller_than_the_step_is_refused_at_load(tmp_path):
     config = tiny_rl_config(tmp_path, algorithm=AlgorithmSpec(name="dapo", params=params))
     assert isinstance(config, RLConfig) and config.rollout == RolloutConfig(prompts_per_step=2, group_size=4,
                                                                            max_new_tokens=16)
+    with pytest.raises(ValueError, match="resample needs rollout.group_size > 1"):
+        tiny_rl_config(tmp_path, algorithm=AlgorithmSpec(name="dapo", params=params),
+                       rollout=RolloutConfig(prompts_per_step=2, group_size=1, max_new_tokens=16))
 
 
 def test_resampling_needs_the_runs_stream():
