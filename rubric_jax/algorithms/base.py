@@ -25,7 +25,7 @@ import abc
 import collections
 import dataclasses
 import functools
-from typing import Any, Literal, Mapping, Optional, Protocol, Sequence, Set
+from typing import Any, Callable, Literal, Mapping, Optional, Protocol, Sequence, Set
 
 import jax
 import jax.numpy as jnp
@@ -65,6 +65,24 @@ class Task(Protocol):
         `has_outcome`): its `is_correct` is False for every response, and no accuracy metric is logged for it."""
 
 
+class ExampleStream(Protocol):
+    """The run's train stream as dynamic sampling's re-sampling draws from it (`RolloutContext.stream`;
+    `training.data_parallel.StepStream` implements it). In a run of P processes every process draws every example
+    and keeps its share, so the streams of all processes stay at one position."""
+
+    prompts_per_step: int  # the step's prompts, over all processes
+
+    @property
+    def quota(self) -> int:
+        """This process's part of the step's prompts: prompts_per_step / P."""
+
+    def next_share(self, n: int) -> list:
+        """This process's share of the stream's next `n` examples (every process must call it with the same n)."""
+
+    def fewest(self, count: int) -> int:
+        """The smallest `count` over the processes (every process must call it)."""
+
+
 def has_outcome(task: Any) -> bool:
     """Whether `task`'s `is_correct` checks answers (its `has_outcome` attribute; absent: True). Accuracy metrics
     (outcome/accuracy, eval/accuracy, eval/pass@k, ...) are logged only for such tasks: for a task with no answers
@@ -86,7 +104,9 @@ class RolloutContext:
     EvoRubric's meta-verifier; the run's `meta_verifier` section), None where the task's own `meta_verify` serves.
     prompt_metrics: what `sample_groups` records about the prompts ("prompt/truncated", summed over the calls;
     "prompt/length_max", tokens before truncation), shared by every copy of the context (`dataclasses.replace`);
-    the trainer hands each step's experience a context with a fresh dict (`training.rl.sample_experience`)."""
+    the trainer hands each step's experience a context with a fresh dict (`training.rl.sample_experience`).
+    stream: the run's train stream, from which dynamic sampling's re-sampling draws the step's further generation
+    batches (`dynamic_groups`); None outside a training run."""
 
     engine: RolloutEngine
     tokenizer: Any
@@ -102,6 +122,7 @@ class RolloutContext:
     frozen_engine: Optional[RolloutEngine] = None
     meta_verifier: Optional[LLMMetaVerifier] = None
     prompt_metrics: dict[str, float] = dataclasses.field(default_factory=dict)
+    stream: Optional[ExampleStream] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -419,6 +440,12 @@ class Algorithm(abc.ABC):
         """Whether a role samples from the frozen initial policy (`RolloutContext.frozen_engine`)."""
         return False
 
+    @property
+    def resamples(self) -> bool:
+        """Whether the recipe draws further generation batches from the run's stream within a step (a config with
+        `dynamic_sampling: resample`, `dynamic_groups`)."""
+        return getattr(self.config, "dynamic_sampling", "off") == "resample"
+
     def state_dict(self) -> dict[str, Any]:
         """State that persists across steps (a rubric memory pool, ...), JSON-serialisable; saved in checkpoints."""
         return {}
@@ -476,7 +503,8 @@ def truncate_prompt(ids: Sequence[int], max_tokens: int, mode: Literal["error", 
     raise ValueError(f"unknown prompt_truncation {mode!r}")
 
 
-def sample_groups(prompts: Sequence[Any], context: RolloutContext, step: int, *, stream: int = 0) -> Rollouts:
+def sample_groups(prompts: Sequence[Any], context: RolloutContext, step: int, *, stream: int = 0,
+                  gen_batch: int = 0) -> Rollouts:
     """`sampling.n` samples per prompt (chat messages or ids) from the engine, seeded by (run seed, step) (so a
     resumed run samples what the uninterrupted one did), decoded (`steps.response_text`, the text whose steps the
     judge numbers) and packed for the learner with the rollout logprobs.
@@ -487,8 +515,13 @@ def sample_groups(prompts: Sequence[Any], context: RolloutContext, step: int, *,
     before truncation.
 
     A recipe that samples several times in one step (one call per role, a refinement pass) gives each call its
-    own `stream` number, so that the calls draw independent randomness."""
+    own `stream` number, so that the calls draw independent randomness; `gen_batch` numbers dynamic sampling's
+    generation batches within the step (`dynamic_groups`), each drawing its own. A stream or batch number enters
+    the entropy only when it is not 0: `SeedSequence` pads its entropy with zeros, so (s, t) and (s, t, 0) would
+    seed alike."""
     entropy = (context.seed, step) if stream == 0 else (context.seed, step, stream)
+    if gen_batch:
+        entropy = (context.seed, step, stream, gen_batch)
     seed = int(np.random.SeedSequence(entropy).generate_state(1)[0] >> 1)
     params = dataclasses.replace(context.sampling, seed=seed)
     prompts = list(prompts)
@@ -644,3 +677,192 @@ def summary_stats(name: str, values, mask=None) -> dict[str, float]:
         f"{name}/min": float(values.min()),
         f"{name}/max": float(values.max()),
     }
+
+
+# ---------------------------------------------------------------- dynamic sampling (DAPO; verl's filter_groups)
+
+# A recipe config's `dynamic_sampling` key: a mode, or the boolean of the configs written before the modes existed
+# (`dynamic_sampling_mode`).
+DynamicSampling = Literal[False, True, "off", "mask", "resample"]
+DYNAMIC_SAMPLING_MODES = ("off", "mask", "resample")
+
+
+def dynamic_sampling_mode(value: Any) -> str:
+    """A recipe's `dynamic_sampling` as one of DYNAMIC_SAMPLING_MODES: "off" (every group trains), "mask" (the
+    groups a recipe's filter finds uninformative keep their rows with the response mask off: the batch's shape
+    stays, fewer prompts train) or "resample" (DAPO's: further generation batches until the step has
+    prompts_per_step informative groups, `dynamic_groups`). A boolean reads as it did before the modes existed:
+    true "mask", false "off" (YAML also reads a bare `off` as false). ValueError for anything else."""
+    if isinstance(value, bool):
+        return "mask" if value else "off"
+    if value not in DYNAMIC_SAMPLING_MODES:
+        raise ValueError(f"dynamic_sampling must be one of {list(DYNAMIC_SAMPLING_MODES)} (or true / false: mask / "
+                         f"off), got {value!r}")
+    return value
+
+
+def check_resampling(mode: str, max_num_gen_batches: int, gen_batch_prompts: Optional[int]) -> None:
+    """ValueError unless the re-sampling settings are valid for `mode`: max_num_gen_batches >= 0 (0: no cap, verl's
+    default) and gen_batch_prompts None or >= 1, each set only with mode "resample" (else it would read as a
+    setting that has no effect)."""
+    if max_num_gen_batches < 0:
+        raise ValueError(f"max_num_gen_batches must be >= 0 (0: no cap), got {max_num_gen_batches}")
+    if gen_batch_prompts is not None and gen_batch_prompts < 1:
+        raise ValueError(f"gen_batch_prompts must be None (prompts_per_step) or >= 1, got {gen_batch_prompts}")
+    if mode != "resample" and (max_num_gen_batches or gen_batch_prompts is not None):
+        raise ValueError(f"max_num_gen_batches and gen_batch_prompts are settings of dynamic_sampling resample, "
+                         f"not of {mode}")
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupBatch:
+    """Sampled groups as a recipe judges them before dynamic sampling selects among them: the examples (one per
+    group), their rollouts (G rows each, prompt-major: row b belongs to group b // G), each row's outcome
+    correctness (`Task.is_correct`), and, for a recipe that judges before it selects, the verdicts [B, K] and each
+    row's rubric (`judge_rollouts`)."""
+
+    examples: list
+    rollouts: Rollouts
+    correct_b: np.ndarray
+    verdicts: Optional[Verdicts] = None
+    rubrics: Optional[list[Rubric]] = None
+
+    @property
+    def owners(self) -> list:
+        """Each row's example."""
+        return [self.examples[s.prompt_index] for s in self.rollouts.samples]
+
+
+def group_rows(group_ids: np.ndarray, groups: Sequence[int]) -> np.ndarray:
+    """The rows of `groups`, group after group in the given order, each group's rows in batch order."""
+    return np.concatenate([np.flatnonzero(group_ids == g) for g in groups] + [np.zeros(0, np.int64)])
+
+
+def _take_verdicts(verdicts: Verdicts, rows: np.ndarray) -> Verdicts:
+    return Verdicts(verdicts.satisfied_bk[rows], verdicts.item_step_bk[rows], verdicts.failed_b[rows],
+                    tuple(verdicts.reasons[r] for r in rows), tuple(verdicts.details[r] for r in rows),
+                    tuple(verdicts.answers[r] for r in rows))
+
+
+def take_groups(groups: GroupBatch, chosen: Sequence[int]) -> GroupBatch:
+    """The groups `chosen` (indices into `groups.examples`) of `groups`, in that order, renumbered 0, 1, ..."""
+    rollouts = groups.rollouts
+    rows = group_rows(rollouts.group_ids, chosen)
+    position = {int(g): i for i, g in enumerate(chosen)}
+    samples = [dataclasses.replace(rollouts.samples[r], prompt_index=position[rollouts.samples[r].prompt_index])
+               for r in rows]
+    taken = Rollouts(samples=samples, texts=[rollouts.texts[r] for r in rows],
+                     batch={key: value[rows] for key, value in rollouts.batch.items()},
+                     prompt_width=rollouts.prompt_width)
+    return GroupBatch(
+        examples=[groups.examples[g] for g in chosen], rollouts=taken, correct_b=groups.correct_b[rows],
+        verdicts=None if groups.verdicts is None else _take_verdicts(groups.verdicts, rows),
+        rubrics=None if groups.rubrics is None else [groups.rubrics[r] for r in rows])
+
+
+def concat_groups(parts: Sequence[GroupBatch], pad_id: int) -> GroupBatch:
+    """The groups of `parts` (non-empty, each with or each without verdicts) as one GroupBatch, part after part;
+    the packed rows re-padded to the widest prompt (`concat_batches`)."""
+    if not parts:
+        raise ValueError("concat_groups needs at least one part")
+    samples, offset = [], 0
+    for part in parts:
+        samples += [dataclasses.replace(s, prompt_index=s.prompt_index + offset) for s in part.rollouts.samples]
+        offset += len(part.examples)
+    batch, prompt_width = concat_batches([(p.rollouts.batch, p.rollouts.prompt_width) for p in parts], pad_id)
+    rollouts = Rollouts(samples=samples, texts=[t for p in parts for t in p.rollouts.texts], batch=batch,
+                        prompt_width=prompt_width)
+    judged = parts[0].verdicts is not None
+    if any((p.verdicts is not None) != judged for p in parts):
+        raise ValueError("concat_groups needs every part judged or none")
+    verdicts = None
+    if judged:
+        verdicts = Verdicts(*(np.concatenate([getattr(p.verdicts, f) for p in parts])
+                              for f in ("satisfied_bk", "item_step_bk", "failed_b")),
+                            *(tuple(x for p in parts for x in getattr(p.verdicts, f))
+                              for f in ("reasons", "details", "answers")))
+    return GroupBatch(examples=[e for p in parts for e in p.examples], rollouts=rollouts,
+                      correct_b=np.concatenate([p.correct_b for p in parts]), verdicts=verdicts,
+                      rubrics=[r for p in parts for r in p.rubrics] if judged else None)
+
+
+def group_decisions(keep_b: np.ndarray, group_ids: np.ndarray, groups: int) -> np.ndarray:
+    """[groups] bool: a group is kept when any of its rows is (`core.rubric_validity.dapo_group_filter` decides per
+    group, so the rows of a kept group that are off are rows masked out of it, not a different decision)."""
+    keep_g = np.zeros(groups, bool)
+    np.logical_or.at(keep_g, np.asarray(group_ids), np.asarray(keep_b, bool))
+    return keep_g
+
+
+def dynamic_groups(
+    examples: Sequence[Any],
+    context: RolloutContext,
+    config: Any,
+    draw: Callable[[list, int], GroupBatch],
+    informative: Callable[[GroupBatch], np.ndarray],
+) -> tuple[GroupBatch, np.ndarray, dict[str, float]]:
+    """A step's groups under dynamic sampling (DAPO, Yu et al. 2025, section 3.2 and Algorithm 1; verl's
+    `recipe/dapo` `filter_groups`): (the groups that train, keep_b [B] bool, metrics).
+
+    `config` is the recipe's config, with `dynamic_sampling` (a mode of `dynamic_sampling_mode`),
+    `max_num_gen_batches` and `gen_batch_prompts`. `draw(examples, gen_batch)` samples (seeded by the generation
+    batch, `sample_groups`' `gen_batch`) and judges the groups of `examples`, as far as `informative` needs;
+    `informative(groups)` is the recipe's filter, [B] bool rows to keep (eq 11: a group whose accuracy, or reward,
+    is the same for every rollout has no gradient and is not kept).
+
+    - "off": `draw(examples, 0)`, every row kept. "mask": the same groups, keep_b = `informative`'s rows.
+    - "resample": generation batches of `gen_batch_prompts` examples (None: prompts_per_step), the first the step's
+      `examples` completed from `context.stream`, each later one the stream's next, until every process holds
+      its quota (prompts_per_step / P) of informative groups or `max_num_gen_batches` batches are drawn (0: no
+      cap; then a step whose prompts are all solved or all failed draws for ever, as verl's). The informative
+      groups of this process beyond its quota are dropped (the first kept first, verl's trimming to the train
+      batch size); with P processes the decision to draw again is taken on the smallest count over the processes
+      (`ExampleStream.fewest`), the same on every process, so the streams stay in step and every share trains
+      exactly its quota. When the cap stops the step short, verl raises; here the informative groups train and
+      the step is filled to its quota with the first uninformative groups drawn, their rows off (keep_b False, as
+      "mask" leaves them): the batch keeps its shape, and a step with no informative group trains on nothing.
+      Metrics: "dynamic_sampling/gen_batches" (batches drawn), "dynamic_sampling/groups_drawn" and
+      "dynamic_sampling/groups_kept" (informative groups that train; both of this process's share) and
+      "dynamic_sampling/cap_hit" (1 when the cap stopped the step short).
+      The draws move the stream, so the data position a checkpoint saves includes them and a resumed run draws
+      what the uninterrupted one did; the seeds are a function of (run seed, step, generation batch)."""
+    mode = config.dynamic_sampling
+    if mode != "resample":
+        groups = draw(list(examples), 0)
+        keep_b = informative(groups) if mode == "mask" else np.ones(len(groups.correct_b), bool)
+        return groups, keep_b, {}
+    stream = context.stream
+    if stream is None:
+        raise ValueError("dynamic_sampling resample draws further examples from the run's train stream, and this "
+                         "rollout context has none (RolloutContext.stream)")
+    size = config.gen_batch_prompts or stream.prompts_per_step
+    if size < stream.prompts_per_step:
+        raise ValueError(f"gen_batch_prompts ({size}) must be at least prompts_per_step ({stream.prompts_per_step})")
+    quota = stream.quota
+    batch_examples = list(examples) + stream.next_share(size - stream.prompts_per_step)
+    kept, uninformative = [], []  # (groups, keep_b) of the informative groups (up to the quota), of the others
+    kept_count = uninformative_count = drawn = 0
+    gen_batch = 0
+    while True:
+        groups = draw(batch_examples, gen_batch)
+        keep_b = np.asarray(informative(groups), bool)
+        keep_g = group_decisions(keep_b, groups.rollouts.group_ids, len(groups.examples))
+        drawn += len(groups.examples)
+        for chosen, parts in ((np.flatnonzero(keep_g)[:quota - kept_count], kept),
+                              (np.flatnonzero(~keep_g)[:quota - uninformative_count], uninformative)):
+            if len(chosen):
+                parts.append((take_groups(groups, chosen), keep_b[group_rows(groups.rollouts.group_ids, chosen)]))
+        kept_count = sum(len(p.examples) for p, _ in kept)
+        uninformative_count = sum(len(p.examples) for p, _ in uninformative)
+        gen_batch += 1
+        full = stream.fewest(kept_count) >= quota
+        if full or 0 < config.max_num_gen_batches <= gen_batch:
+            break
+        batch_examples = stream.next_share(size)
+    candidates = kept + uninformative  # the informative groups first, then those that fill a short step
+    merged = concat_groups([p for p, _ in candidates], context.pad_id)
+    selected = take_groups(merged, range(quota))
+    keep_b = np.concatenate([k for _, k in candidates])[group_rows(merged.rollouts.group_ids, range(quota))]
+    metrics = {"dynamic_sampling/gen_batches": float(gen_batch), "dynamic_sampling/groups_drawn": float(drawn),
+               "dynamic_sampling/groups_kept": float(kept_count), "dynamic_sampling/cap_hit": float(not full)}
+    return selected, keep_b, metrics

@@ -80,9 +80,12 @@ class GRPOConfig:
         return default if self.scale_by_std is None else self.scale_by_std
 
 
-def outcome_rollouts(examples: Sequence[Any], context: base.RolloutContext, step: int, *, stream: int = 0):
-    """Step 1 and the verifier's verdicts of the outcome recipes (GRPO, DAPO): (rollouts, correct_b bool [B])."""
-    rollouts = base.sample_groups([context.task.prompt(e) for e in examples], context, step, stream=stream)
+def outcome_rollouts(examples: Sequence[Any], context: base.RolloutContext, step: int, *, stream: int = 0,
+                     gen_batch: int = 0):
+    """Step 1 and the verifier's verdicts of the outcome recipes (GRPO, DAPO): (rollouts, correct_b bool [B]);
+    `stream` and `gen_batch` as `base.sample_groups`'."""
+    rollouts = base.sample_groups([context.task.prompt(e) for e in examples], context, step, stream=stream,
+                                  gen_batch=gen_batch)
     with context.timer.phase("judging"):
         correct_b = np.array([context.task.is_correct(text, examples[s.prompt_index])
                               for s, text in zip(rollouts.samples, rollouts.texts)], bool)

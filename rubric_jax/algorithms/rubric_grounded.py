@@ -16,20 +16,24 @@ For each step (G = sampling.n responses per prompt; section 3, Algorithm 1):
   5. A_i = (r_i - b_i) / (s_i + eps), b_i and s_i the mean and   core.advantages.loo_std_advantages
      sample std of the other G - 1 rewards (eqs 4-6)
      ablations: the group-mean baseline (GRPO), no std scaling   grpo_ / rloo_ / dr_grpo_advantages
-  6. optional dynamic sampling (Appendix C): a group whose       core.rubric_validity.dapo_group_filter
-     rewards tie takes no part in the loss
+  6. optional dynamic sampling (Appendix C): a group whose       core.rubric_validity.dapo_group_filter,
+     rewards tie takes no part in the loss; "resample" (the       base.dynamic_groups
+     appendix's: further generation batches until the step
+     holds prompts_per_step groups whose rewards differ) or
+     "mask" (its rows are masked)
   7. A_i on every response token; PPO clip (eq 7) + beta k3 KL   core.advantages.broadcast_to_tokens,
      to the initial policy (eq 8), token mean (eq 9); GSPO,       base.policy_loss_fn
      dual clip, TIS / ICEPOP are PolicyLossConfig options
 
-Dynamic sampling keeps the batch's fixed shape, as the DAPO recipe does: a filtered group's response mask is
-switched off instead of re-sampling prompts until the batch is full ("grounded/kept_group_fraction").
+Dynamic sampling "mask" keeps the batch's fixed shape: a filtered group's response mask is switched off instead of
+re-sampling prompts until the batch is full; "resample" re-samples (`base.dynamic_groups`: every generation batch
+is judged, as the filter reads the reward). "grounded/kept_group_fraction" logs the groups that train.
 The paper's numeric hyperparameters did not survive in its text; the defaults here (KL coefficient 0.01, eps
 1e-6) are those of NeMo-RL, the framework the paper ran on (configs/rubric_grounded_paper.yaml).
 """
 
 import dataclasses
-from typing import Any, Literal, Sequence
+from typing import Any, Literal, Optional, Sequence
 
 import jax.numpy as jnp
 import numpy as np
@@ -47,9 +51,10 @@ class RubricGroundedConfig:
     """max_items: rubric width K (the longest rubric must fit); on_judge_failure: "zero_reward" (the paper's) or
     "exclude"; baseline: "loo" (eqs 4-6) or "group_mean" (GRPO's, with the rollout itself in the mean);
     scale_by_std: divide by the (leave-one-out or group) std, the paper's "reward normalization"; std_ddof / eps:
-    that std (1: sample std) and its epsilon; dynamic_sampling: step 6; truncation: "none", "scale" (reward times
-    truncation_factor in [0, 1]) or "mask" (step 4). The policy loss defaults to the paper's: PPO clip 0.2, k3 KL
-    with coefficient 0.01, token mean."""
+    that std (1: sample std) and its epsilon; dynamic_sampling: step 6, "off" (false), "mask" (true) or
+    "resample", with max_num_gen_batches (0: no cap) and gen_batch_prompts (None: prompts_per_step) for "resample"
+    only (`base.dynamic_groups`); truncation: "none", "scale" (reward times truncation_factor in [0, 1]) or "mask"
+    (step 4). The policy loss defaults to the paper's: PPO clip 0.2, k3 KL with coefficient 0.01, token mean."""
 
     policy_loss: base.PolicyLossConfig = base.PolicyLossConfig(kl_coef=0.01, kl_estimator="k3")
     max_items: int = 16
@@ -58,11 +63,15 @@ class RubricGroundedConfig:
     scale_by_std: bool = True
     std_ddof: int = 1
     eps: float = 1e-6
-    dynamic_sampling: bool = False
+    dynamic_sampling: base.DynamicSampling = "off"
+    max_num_gen_batches: int = 0
+    gen_batch_prompts: Optional[int] = None
     truncation: Literal["none", "scale", "mask"] = "none"
     truncation_factor: float = 0.5
 
     def __post_init__(self):
+        object.__setattr__(self, "dynamic_sampling", base.dynamic_sampling_mode(self.dynamic_sampling))
+        base.check_resampling(self.dynamic_sampling, self.max_num_gen_batches, self.gen_batch_prompts)
         if self.max_items < 1:
             raise ValueError(f"max_items must be >= 1, got {self.max_items}")
         if self.std_ddof not in (0, 1):
@@ -100,46 +109,66 @@ class RubricGrounded(base.Algorithm):
     def policy_loss(self) -> base.PolicyLossConfig:
         return self.config.policy_loss
 
-    def experience(self, examples: Sequence[Any], context: base.RolloutContext, step: int) -> base.Experience:
-        config = self.config
-        for index, example in enumerate(examples):
+    def _groups(self, examples: list, context: base.RolloutContext, step: int, gen_batch: int) -> base.GroupBatch:
+        """Steps 1 and 2 of generation batch `gen_batch` (`base.dynamic_groups`' `draw`), and the verifier's
+        correctness (metrics only)."""
+        for example in examples:
             if context.task.reference(example) is None:
-                raise ValueError(f"rubric_grounded needs a grounding passage: the task's reference of example "
-                                 f"{index} is None")
-        rollouts = base.sample_groups([context.task.prompt(e) for e in examples], context, step)
-        verdicts, rubrics = base.judge_rollouts(examples, rollouts, context, config.max_items)
-        items = rubric_arrays(rubrics, config.max_items)
+                raise ValueError(f"rubric_grounded needs a grounding passage: the task's reference of the question "
+                                 f"{context.task.question(example)!r} is None")
+        rollouts = base.sample_groups([context.task.prompt(e) for e in examples], context, step, gen_batch=gen_batch)
+        verdicts, rubrics = base.judge_rollouts(examples, rollouts, context, self.config.max_items)
+        correct_b = np.array([context.task.is_correct(text, examples[s.prompt_index])
+                              for s, text in zip(rollouts.samples, rollouts.texts)], bool)
+        return base.GroupBatch(examples=examples, rollouts=rollouts, correct_b=correct_b, verdicts=verdicts,
+                               rubrics=rubrics)
+
+    def rollout_rewards(self, groups: base.GroupBatch) -> tuple[np.ndarray, np.ndarray]:
+        """Steps 3 and 4: (r [B] float32, valid_b [B] bool, the rows in their groups' statistics)."""
+        config = self.config
+        items = rubric_arrays(groups.rubrics, config.max_items)
         # A failed judgement has every verdict 0 (judges.base), so its reward is 0: the paper's conservative zero.
         reward_b = np.asarray(rewards.clip_rewards(rewards.weighted_fraction(
-            jnp.asarray(verdicts.satisfied_bk), jnp.asarray(items.item_weight_bk), jnp.asarray(items.item_mask_bk))))
+            jnp.asarray(groups.verdicts.satisfied_bk), jnp.asarray(items.item_weight_bk),
+            jnp.asarray(items.item_mask_bk))))
         valid_b = np.ones(len(reward_b), bool)
         if config.on_judge_failure == FailurePolicy.EXCLUDE.value:
-            valid_b &= ~verdicts.failed_b
-        stopped_b = np.array([s.finish_reason == "stop" for s in rollouts.samples], bool)
+            valid_b &= ~groups.verdicts.failed_b
+        stopped_b = np.array([s.finish_reason == "stop" for s in groups.rollouts.samples], bool)
         if config.truncation == "scale":
             reward_b = np.asarray(rewards.truncation_scaling(
                 jnp.asarray(reward_b), jnp.asarray(stopped_b), factor=config.truncation_factor))
         elif config.truncation == "mask":
             valid_b = np.asarray(rewards.truncation_mask(jnp.asarray(stopped_b), jnp.asarray(valid_b)))
+        return reward_b, valid_b
+
+    def informative(self, groups: base.GroupBatch) -> np.ndarray:
+        """Step 6's filter: [B] bool, the valid rows of the groups whose rewards differ."""
+        reward_b, valid_b = self.rollout_rewards(groups)
+        return np.asarray(rubric_validity.dapo_group_filter(
+            jnp.asarray(reward_b), jnp.asarray(groups.rollouts.group_ids), jnp.asarray(valid_b)))
+
+    def experience(self, examples: Sequence[Any], context: base.RolloutContext, step: int) -> base.Experience:
+        groups, keep_b, sampling_metrics = base.dynamic_groups(
+            examples, context, self.config, lambda batch, gen_batch: self._groups(batch, context, step, gen_batch),
+            self.informative)
+        rollouts, verdicts, rubrics = groups.rollouts, groups.verdicts, groups.rubrics
+        reward_b, valid_b = self.rollout_rewards(groups)
         group_ids = rollouts.group_ids
-        advantage_b = grounded_advantages(reward_b, group_ids, valid_b, config)
-        trained_b = valid_b
-        if config.dynamic_sampling:
-            trained_b = np.asarray(rubric_validity.dapo_group_filter(
-                jnp.asarray(reward_b), jnp.asarray(group_ids), jnp.asarray(valid_b)))
+        advantage_b = grounded_advantages(reward_b, group_ids, valid_b, self.config)
+        trained_b = valid_b & keep_b
         batch = dict(rollouts.batch)
         batch["response_mask_bt"] = batch["response_mask_bt"] & trained_b[:, None]
         batch["advantages_bt"] = np.asarray(
             advantages.broadcast_to_tokens(jnp.asarray(advantage_b), jnp.asarray(batch["response_mask_bt"])))
-        correct_b = np.array([context.task.is_correct(text, examples[s.prompt_index])
-                              for s, text in zip(rollouts.samples, rollouts.texts)], bool)
         metrics = {
             **base.summary_stats("reward", reward_b),
             **base.summary_stats("advantage", advantage_b, trained_b),
             **base.rubric_metrics(verdicts, rubrics, context.task),
-            **base.rollout_metrics(rollouts, correct_b, context.task),
+            **base.rollout_metrics(rollouts, groups.correct_b, context.task),
             "grounded/zero_reward_fraction": float(np.mean(reward_b == 0)),
             "grounded/empty_rubric_fraction": float(np.mean([not r.criteria for r in rubrics])),
             "grounded/kept_group_fraction": kept_group_fraction(trained_b, group_ids),
+            **sampling_metrics,
         }
         return base.Experience(batch=batch, prompt_width=rollouts.prompt_width, metrics=metrics)

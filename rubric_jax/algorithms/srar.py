@@ -23,8 +23,10 @@ Algorithm 1, for each training step (G = sampling.n responses per prompt):
   20.    PPO update; by default the authors' run: clip 0.2 / 0.28, dual clip c = 10, token-mean, no KL
          (REFERENCE.md section 2)                                  base.policy_loss_fn
          optional, as in the authors' DAPO setting: dynamic sampling on accuracy, a group whose answers are all
-         right or all wrong takes no part in the loss (fixed batch shape, as `algorithms.dapo`: its rows are
-         masked, not resampled)                                   core.rubric_validity.dapo_group_filter
+         right or all wrong takes no part in the loss: "resample" (the authors' run, verl's filter_groups:
+         further generation batches until prompts_per_step groups  base.dynamic_groups,
+         with mixed answers are kept; only those are judged) or    algorithms.dapo.mixed_accuracy
+         "mask" (fixed batch shape: the rows are masked)
 
 The paper's ablations (Appendix 17 and 18), each switching exactly one thing:
 - step_normalization=False ("w/o step norm."): lines 11-13 are skipped, the raw d[k, i] is the token offset.
@@ -56,15 +58,15 @@ Reasoning Rate and the Misaligned Trajectory Rate (Table 2).
 import dataclasses
 import math
 import re
-from typing import Any, Literal, Sequence
+from typing import Any, Literal, Optional, Sequence
 
 import jax.numpy as jnp
 import numpy as np
 
 from rubric_jax.algorithms import base
-from rubric_jax.algorithms.dapo import kept_group_fraction
+from rubric_jax.algorithms.dapo import kept_group_fraction, mixed_accuracy
 from rubric_jax.algorithms.registry import register
-from rubric_jax.core import advantages, rewards, rubric_validity, srar
+from rubric_jax.core import advantages, rewards, srar
 from rubric_jax.core.rewards import ANSWER, BONUS, PITFALL, SUGGEST, TypedBudgets
 from rubric_jax.judges.base import Verdicts
 from rubric_jax.rubrics import prompts
@@ -95,8 +97,10 @@ class SRaRConfig:
     paper). budgets: R_SUG, R_PIT, R_BON (0.8, -1.0, 1.0). Steps are not capped (`core.srar`). prompt: "task"
     (the task's own prompt, already in step format for arithmetic) or "step_format" (Appendix 7.3 around the
     task's question). advantage / step_normalization / rubric: the ablations and the RaR baseline (module
-    docstring). dynamic_sampling: drop the groups of uniform accuracy (module docstring, line 20). on_judge_failure:
-    "zero_reward" or "exclude". std_ddof / eps: of both normalisations."""
+    docstring). dynamic_sampling: drop the groups of uniform accuracy (module docstring, line 20): "off" (false),
+    "mask" (true) or "resample", with max_num_gen_batches (0: no cap) and gen_batch_prompts (None: prompts_per_step)
+    for "resample" only (`base.dynamic_groups`). on_judge_failure: "zero_reward" or "exclude". std_ddof / eps: of
+    both normalisations."""
 
     policy_loss: base.PolicyLossConfig = base.PolicyLossConfig(
         loss="dual_clip", eps_low=0.2, eps_high=0.28, clip_ratio_c=10.0)
@@ -107,12 +111,16 @@ class SRaRConfig:
     advantage: Literal["decoupled", "merged", "rar"] = "decoupled"
     step_normalization: bool = True
     rubric: Literal["full", "suggest_only"] = "full"
-    dynamic_sampling: bool = False
+    dynamic_sampling: base.DynamicSampling = "off"
+    max_num_gen_batches: int = 0
+    gen_batch_prompts: Optional[int] = None
     on_judge_failure: Literal["zero_reward", "exclude"] = "zero_reward"
     std_ddof: int = 1
     eps: float = 1e-6
 
     def __post_init__(self):
+        object.__setattr__(self, "dynamic_sampling", base.dynamic_sampling_mode(self.dynamic_sampling))
+        base.check_resampling(self.dynamic_sampling, self.max_num_gen_batches, self.gen_batch_prompts)
         if self.max_items < 1:
             raise ValueError(f"max_items must be >= 1, got {self.max_items}")
         if not 0 <= self.format_weight <= 1:
@@ -398,26 +406,34 @@ class SRaR(base.Algorithm):
     def role_prompts(self, task: Any, example: Any, placeholder: str) -> dict[str, list[dict[str, str]]]:
         return {"policy": self._prompt(task, example)}
 
+    def _groups(self, examples: list, context: base.RolloutContext, step: int, gen_batch: int) -> base.GroupBatch:
+        """Line 3 and r_acc of generation batch `gen_batch` (`base.dynamic_groups`' `draw`); judged after the
+        selection, so dynamic sampling's re-sampling judges only the groups that train."""
+        rollouts = base.sample_groups([self._prompt(context.task, e) for e in examples], context, step,
+                                      gen_batch=gen_batch)
+        owners = [examples[s.prompt_index] for s in rollouts.samples]
+        correct_b = np.array([context.task.is_correct(t, e) for t, e in zip(rollouts.texts, owners)], bool)
+        return base.GroupBatch(examples=examples, rollouts=rollouts, correct_b=correct_b)
+
     def experience(self, examples: Sequence[Any], context: base.RolloutContext, step: int) -> base.Experience:
         config = self.config
         context = self._context(context)
         task = context.task
-        rollouts = base.sample_groups([self._prompt(task, e) for e in examples], context, step)
-        owners = [examples[s.prompt_index] for s in rollouts.samples]
-        correct_b = np.array([task.is_correct(t, e) for t, e in zip(rollouts.texts, owners)], bool)
+        groups, keep_b, sampling_metrics = base.dynamic_groups(
+            examples, context, config, lambda batch, gen_batch: self._groups(batch, context, step, gen_batch),
+            mixed_accuracy)
+        rollouts, owners, correct_b = groups.rollouts, groups.owners, groups.correct_b
         format_b = np.array([has_step_format(t) for t in rollouts.texts], bool)
         base_b = np.asarray(rewards.srar_base_reward(
             jnp.asarray(correct_b), jnp.asarray(format_b), format_weight=config.format_weight))
         step_ids_bt, num_steps_b = rollout_steps(rollouts, context.tokenizer)
-        verdicts, rubrics = base.judge_rollouts(examples, rollouts, context, config.max_items)
+        verdicts, rubrics = base.judge_rollouts(groups.examples, rollouts, context, config.max_items)
         items = rubric_arrays(rubrics, config.max_items)
 
         exclude = config.on_judge_failure == FailurePolicy.EXCLUDE.value
         valid_b = ~verdicts.failed_b if exclude else np.ones(len(owners), bool)
-        metrics = {}
-        if config.dynamic_sampling:  # per group, so the kept groups' statistics are unchanged
-            keep_b = np.asarray(rubric_validity.dapo_group_filter(
-                jnp.asarray(correct_b, jnp.float32), jnp.asarray(rollouts.group_ids)))
+        metrics = dict(sampling_metrics)
+        if config.dynamic_sampling != "off":  # per group, so the kept groups' statistics are unchanged
             valid_b = valid_b & keep_b
             metrics["srar/kept_group_fraction"] = kept_group_fraction(keep_b, rollouts.group_ids)
         batch = dict(rollouts.batch)

@@ -15,6 +15,13 @@ Conventions:
   re-padding) and the most rows (`pad_rows`), agreed on with one all-gather of three ints. The added columns and
   rows are masked out of attention and of every loss: they change no result.
 - One process: the share is the whole step and alignment only pads rows to the multiple, as before.
+- Dynamic sampling's re-sampling (`algorithms.base.dynamic_groups`) draws further generation batches within a
+  step through `StepStream`: every process draws each batch whole and keeps its share, and the decision to draw
+  another is taken on the smallest informative-group count over the processes (`fewest_over_processes`, one
+  all-gather of an int), so every process decides alike and the streams stay at one position. Each process
+  trains exactly its quota, prompts_per_step / P groups, so the global batch keeps its shape. The all-gather is a
+  collective, which the overlap thread (`rollout.overlap`) must not issue while the learner's step runs its own:
+  `check_overlap` refuses that combination in a multi-process run.
 """
 
 from collections.abc import Mapping, Sequence
@@ -70,6 +77,41 @@ def _max_over_processes(values: Sequence[int]) -> list[int]:
 def any_process(flag: bool) -> bool:
     """Whether `flag` is true on any process (an all-gather when there are several; every process must call)."""
     return bool(_max_over_processes((int(flag),))[0])
+
+
+def fewest_over_processes(count: int) -> int:
+    """The smallest `count` over the processes (an all-gather when there are several; every process must call)."""
+    if jax.process_count() == 1:
+        return count
+    return int(multihost_utils.process_allgather(np.asarray([count], np.int32)).min())
+
+
+class StepStream:
+    """The task's train stream as the processes of a run draw from it (`algorithms.base.ExampleStream`): each
+    process draws the same examples and keeps its share, [process_index::process_count] (`process_share`)."""
+
+    def __init__(self, dataset: Any, prompts_per_step: int):
+        self.dataset, self.prompts_per_step = dataset, prompts_per_step
+
+    @property
+    def quota(self) -> int:
+        return self.prompts_per_step // jax.process_count()
+
+    def next_share(self, n: int) -> list:
+        return process_share(self.dataset.next_batch(n))
+
+    def fewest(self, count: int) -> int:
+        return fewest_over_processes(count)
+
+
+def check_overlap(algorithm: Any, overlap: bool) -> None:
+    """ValueError in a multi-process run whose recipe re-samples (`Algorithm.resamples`) with `rollout.overlap`:
+    the processes agree on each generation batch with an all-gather, which the background sampling thread would
+    issue while the learner's step runs its own collectives, in an order the processes need not share."""
+    if jax.process_count() > 1 and overlap and algorithm.resamples:
+        raise ValueError("dynamic_sampling resample with rollout.overlap is not supported in a multi-process run "
+                         "(the processes agree on every generation batch with a collective, which the overlap "
+                         "thread cannot issue while the learner's step runs): turn rollout.overlap off")
 
 
 def align_batch(batch: Mapping[str, np.ndarray], prompt_width: int, pad_id: int, rows_multiple: int

@@ -1,7 +1,10 @@
 """The RL loop (`rubric-jax train`): for each step
 
   1. the next `prompts_per_step` examples of the task's train stream
-  2. experience = algorithm.experience(...)          rollouts (engine) -> judges -> rewards -> token advantages
+  2. experience = algorithm.experience(...)          rollouts (engine) -> judges -> rewards -> token advantages;
+                                                      a recipe that re-samples (dynamic_sampling resample) draws
+                                                      its further generation batches from the same stream
+                                                      (`RolloutContext.stream`, `algorithms.base.dynamic_groups`)
   3. old logprobs recomputed by the learner           (and the frozen reference's, for a KL penalty); the
                                                       engine's logprobs stay in the batch ("rollout_logp_bt")
                                                       and their mismatch with the learner's is logged; with
@@ -23,8 +26,9 @@
      checkpoint of params, optimizer state, reference, data position, algorithm state and the step's metrics
 
 Resume: with `checkpoint.resume` a run continues from its output directory's latest committed checkpoint. All
-randomness is a function of (seed, step): sampling seeds (`algorithms.base.sample_groups`), the update order,
-the task's stream (by position), so a resumed run produces what the uninterrupted one would have; the
+randomness is a function of (seed, step): sampling seeds (`algorithms.base.sample_groups`; a re-sampled generation
+batch's of its number too), the update order, the task's stream (by position, which counts every example a step
+drew, re-sampled ones included), so a resumed run produces what the uninterrupted one would have; the
 checkpoint records the seed and refuses to resume a run with a different one. Step numbers count completed
 steps: the metrics line and the checkpoint of step n describe the state after n steps, and rollouts/step_<n>.jsonl
 what was judged during step n (sampled by the policy after n - 1 steps). A rollout file is written before its
@@ -665,6 +669,7 @@ def _train_rl(config: RLConfig, task: Any, *, judge, model, tokenizer) -> dict[s
     check_rubric_width(algorithm_config, task)
     algorithm = algorithm_class(config.algorithm.name)(algorithm_config)
     data_parallel.check_recipe(algorithm)
+    data_parallel.check_overlap(algorithm, config.rollout.overlap)
     rollout = config.rollout
     check_frozen_engine(algorithm, config)
     judge_owned = judge is None
@@ -729,15 +734,16 @@ def _train_rl(config: RLConfig, task: Any, *, judge, model, tokenizer) -> dict[s
     _, pad_id = policy.eos_and_pad(tokenizer)
     timer = PhaseTimer()
     recorder = RecordingJudge(judge)  # the recipe's judge; evaluation and the request counts use `judge` itself
+    # Read by one thread at a time (`sample`, here or in the overlap thread), so its order is the run's.
+    stream = data_parallel.StepStream(task.train_stream(position), rollout.prompts_per_step)
     context = RolloutContext(
         engine=engine, tokenizer=tokenizer, task=task, judge=recorder, pad_id=pad_id, seed=config.seed, timer=timer,
         sampling=SamplingParams(max_new_tokens=rollout.max_new_tokens, n=rollout.group_size,
                                 temperature=rollout.temperature, top_p=rollout.top_p, top_k=rollout.top_k),
         chat_template_kwargs=config.model.chat_template_kwargs,
         max_prompt_tokens=rollout.max_prompt_tokens, prompt_truncation=rollout.prompt_truncation,
-        frozen_engine=frozen_engine, meta_verifier=meta_verifier)
+        frozen_engine=frozen_engine, meta_verifier=meta_verifier, stream=stream)
     learner = _Learner(config, algorithm, graphdef, state, optimizer, mesh, rules, critic_graphdef, critic_optimizer)
-    dataset = task.train_stream(position)
     eval_examples = task.eval_examples(config.eval.num_examples) if config.eval.every_steps else []
     updates_per_step = config.learner.epochs * config.learner.mini_batches
 
@@ -754,7 +760,7 @@ def _train_rl(config: RLConfig, task: Any, *, judge, model, tokenizer) -> dict[s
         """Step `step`'s experience of the stream's next examples, from the engine's weights (`weight_step`
         updates)."""
         log_every = config.rollout_log.every_steps
-        examples = data_parallel.process_share(dataset.next_batch(rollout.prompts_per_step))
+        examples = stream.next_share(rollout.prompts_per_step)
         return sample_experience(algorithm, examples, context, recorder, step, weight_step,
                                  logs_rollouts=bool(log_every) and (step + 1) % log_every == 0,
                                  keeps_samples=config.rollout_log.samples_per_step > 0)
@@ -836,7 +842,7 @@ def _train_rl(config: RLConfig, task: Any, *, judge, model, tokenizer) -> dict[s
                 with timer.phase("checkpoint"):
                     if pending is not None:
                         save_pending(out, step + 1, pending, min(checkpointer.all_steps(), default=step + 1))
-                    meta = {"step": step + 1, "seed": config.seed, "data_position": dataset.position,
+                    meta = {"step": step + 1, "seed": config.seed, "data_position": stream.dataset.position,
                             "algorithm_state": algorithm.state_dict(), "metrics": {**metrics, **timer.metrics()}}
                     checkpointer.save(step + 1, state.tree(), meta)
             metrics.update(timer.metrics())

@@ -425,6 +425,13 @@ class RLConfig:
                  f"role's) must split evenly into learner.mini_batches ({learner.mini_batches}) x "
                  f"learner.micro_batches ({learner.micro_batches}) and into learner.forward_micro_batches "
                  f"({learner.forward_splits}), each x the mesh's data * fsdp ({learner.mesh.batch_shards})")
+        gen_batch_prompts = self.algorithm_config_value("gen_batch_prompts")
+        _require(gen_batch_prompts is None or gen_batch_prompts >= self.rollout.prompts_per_step,
+                 f"algorithm.params.gen_batch_prompts ({gen_batch_prompts}) must be at least rollout.prompts_per_step "
+                 f"({self.rollout.prompts_per_step}): a step's first generation batch holds its examples")
+        _require(self.algorithm_config_value("dynamic_sampling") != "resample" or self.rollout.group_size > 1,
+                 "algorithm.params.dynamic_sampling resample needs rollout.group_size > 1: a group of one response "
+                 "is never informative, so every step would draw until its cap")
         if self.model.init is not None:
             _require(self.rollout.max_new_tokens < self.model.init.max_position_embeddings,
                      f"rollout.max_new_tokens ({self.rollout.max_new_tokens}) leaves no room for a prompt in "
@@ -441,6 +448,11 @@ class RLConfig:
         roles = algorithm(config_from_dict(algorithm.config_class, self.algorithm.params, "algorithm.params")
                           ).learner_rows(shape)
         return sum(role.rows for role in roles.values())
+
+    def algorithm_config_value(self, name: str) -> Any:
+        """The recipe config's field `name` as `algorithm.params` resolves it (None when the recipe has none)."""
+        config_class = algorithm_class(self.algorithm.name).config_class
+        return getattr(config_from_dict(config_class, self.algorithm.params, "algorithm.params"), name, None)
 
 
 @dataclasses.dataclass(frozen=True)

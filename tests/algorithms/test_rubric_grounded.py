@@ -261,7 +261,7 @@ def test_every_judgement_failing_gives_zero_rewards_and_advantages(setup):
 def test_paper_defaults_and_validation(setup):
     config = RubricGroundedConfig()
     assert (config.baseline, config.scale_by_std, config.on_judge_failure, config.dynamic_sampling,
-            config.truncation) == ("loo", True, "zero_reward", False, "none")
+            config.truncation) == ("loo", True, "zero_reward", "off", "none")
     loss = config.policy_loss
     assert (loss.loss, loss.eps_low, loss.eps_high, loss.kl_estimator, loss.aggregation) == (
         "ppo", 0.2, 0.2, "k3", "token_mean") and loss.kl_coef > 0

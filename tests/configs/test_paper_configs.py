@@ -18,7 +18,7 @@ from rubric_jax.training.run_config import RLConfig, resolve_algorithm
 from rubric_jax.yaml_config import config_to_dict, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
-PAPERS = ("srar", "rlcer", "evorubric", "rgr_grpo", "rubric_grounded")
+PAPERS = ("srar", "rlcer", "evorubric", "rgr_grpo", "rubric_grounded", "dapo")
 COLUMNS = ("hyperparameter", "paper", "config key", "value")
 MIN_CHECKED_ROWS = 6
 

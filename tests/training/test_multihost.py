@@ -7,7 +7,8 @@ writes the metrics log, the plots and the model. The worker is `tests/training/m
 
 The RL loop (`train_rl`, worker `tests/training/multihost_rl_worker.py`) in two processes: each samples and
 judges only its share of every step's prompts ([k::2] of the task's stream), and process 0 alone writes the
-config, metrics log, rollout log, plots and model. The workers share a persistent compilation cache, so the
+config, metrics log, rollout log, plots and model. With dynamic sampling's re-sampling, both processes draw the
+same generation batches (each its share), so their streams stay in step, and each trains at most its quota. The workers share a persistent compilation cache, so the
 resumed pair does not compile again; every wait has a timeout and every worker is killed at the end."""
 
 import json
@@ -212,3 +213,41 @@ def test_only_process_zero_writes_the_rl_outputs(rl_run):
     assert Checkpointer(rl_run / "checkpoints").all_steps() == [1, 2]
     assert (rl_run / "config.yaml").is_file() and (rl_run / "plots" / "reward.png").is_file()
     assert "model.embed_tokens.weight" in load_file(rl_run / "model" / "model.safetensors")
+
+
+@pytest.fixture(scope="module")
+def resample_run(tmp_path_factory) -> Path:
+    """The output directory of a 2-step rubric-grounded run re-sampling (at most 4 generation batches a step) in two
+    processes, on the toy task whose two-step problems tie (an empty rubric): a process whose share is tied draws
+    again, and the other with it."""
+    root = tmp_path_factory.mktemp("multihost_resample")
+    out = root / "run"
+    config = {
+        "output_dir": str(out), "steps": RL_STEPS, "seed": 5,
+        "model": {"init": {"hidden_size": 32, "intermediate_size": 64, "num_layers": 1, "num_heads": 2,
+                           "num_kv_heads": 1, "head_dim": 16, "max_position_embeddings": 96}},
+        "rollout": {"prompts_per_step": 2, "group_size": 4, "max_new_tokens": 8},
+        "learner": {"mesh": {"data": 2, "fsdp": 4}},
+        "algorithm": {"name": "rubric_grounded", "params": {"dynamic_sampling": "resample", "max_num_gen_batches": 4}},
+        "checkpoint": {"every_steps": 1, "keep": 2},
+        "metrics": {"console": False, "tensorboard": False, "plots": False},
+    }
+    (root / "config.yaml").write_text(yaml.safe_dump(config))
+    out.mkdir()
+    launcher = Launcher("tests.training.multihost_rl_worker", root / "cache")
+    try:
+        finish(launcher.start_pair(out, root / "config.yaml", out, "half_tied"))
+    finally:
+        launcher.kill_all()
+    return out
+
+
+def test_resampling_processes_draw_the_same_generation_batches_each_its_share(resample_run):
+    lines = read_metrics(resample_run / "metrics.jsonl")
+    batches = [int(line["dynamic_sampling/gen_batches"]) for line in lines]
+    assert sum(batches) > RL_STEPS, "no step drew a second generation batch: the check would be vacuous"
+    drawn = toy_task().train_stream(0).next_batch(2 * sum(batches))
+    for index in range(2):  # one judge call per generation batch: its share, [index::2] of the batch's 2 prompts
+        calls = [json.loads(line) for line in (resample_run / f"questions_{index}.jsonl").read_text().splitlines()]
+        assert calls == [[example.question] * 4 for example in drawn[index::2]]
+    assert all(line["dynamic_sampling/groups_kept"] <= 1 for line in lines)  # process 0's quota: 1 of 2 prompts

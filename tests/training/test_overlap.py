@@ -16,7 +16,8 @@ from rubric_jax.inference.embedded import EmbeddedEngine
 from rubric_jax.training import rl
 from rubric_jax.training.checkpoint import Checkpointer
 from rubric_jax.training.metrics import read_metrics
-from rubric_jax.training.run_config import RolloutConfig, RolloutLogConfig
+from rubric_jax.training.run_config import AlgorithmSpec, RolloutConfig, RolloutLogConfig
+from tests.algorithms.test_dynamic_sampling import HalfSolvedTask
 from tests.judges.test_records import RECORDS
 from tests.training.test_rl import tiny_rl_config
 from tests.training.toy_task import toy_task
@@ -71,11 +72,22 @@ def comparable(line: dict) -> dict:
     return {name: value for name, value in line.items() if not name.startswith("time/")}
 
 
-def test_an_interrupted_overlapped_run_resumes_to_what_the_uninterrupted_run_produced(tmp_path, monkeypatch):
-    def config(name):
-        return tiny_rl_config(tmp_path / name, steps=4, rollout=OVERLAP, rollout_log=RolloutLogConfig(every_steps=1))
+# rar, and DAPO re-sampling on a task where about half the prompts are solved: its steps draw further generation
+# batches (from the overlap thread too), which the checkpoint's data position and the pending experience must hold.
+RESUMED = {"rar": (toy_task, AlgorithmSpec()),
+           "dapo_resample": (lambda: HalfSolvedTask(toy_task().config, 0), AlgorithmSpec(name="dapo", params={
+               "overlong_buffer": 4, "dynamic_sampling": "resample", "max_num_gen_batches": 3}))}
 
-    rl.train_rl(config("whole"), toy_task())
+
+@pytest.mark.parametrize("recipe", sorted(RESUMED))
+def test_an_interrupted_overlapped_run_resumes_to_what_the_uninterrupted_run_produced(tmp_path, monkeypatch, recipe):
+    make_task, algorithm = RESUMED[recipe]
+
+    def config(name):
+        return tiny_rl_config(tmp_path / name, steps=4, rollout=OVERLAP, rollout_log=RolloutLogConfig(every_steps=1),
+                              algorithm=algorithm)
+
+    rl.train_rl(config("whole"), make_task())
 
     update = rl._update
 
@@ -86,11 +98,11 @@ def test_an_interrupted_overlapped_run_resumes_to_what_the_uninterrupted_run_pro
 
     monkeypatch.setattr(rl, "_update", interrupted_at_step_3)
     with pytest.raises(Interrupted):
-        rl.train_rl(config("resumed"), toy_task())
+        rl.train_rl(config("resumed"), make_task())
     resumed = tmp_path / "resumed" / "run"
     assert rl.pending_path(resumed, 2).exists()  # step 3's batch, sampled during step 2
     monkeypatch.setattr(rl, "_update", update)
-    rl.train_rl(config("resumed"), toy_task())
+    rl.train_rl(config("resumed"), make_task())
 
     whole = tmp_path / "whole" / "run"
     assert ([comparable(line) for line in read_metrics(resumed / "metrics.jsonl")]
@@ -100,7 +112,9 @@ def test_an_interrupted_overlapped_run_resumes_to_what_the_uninterrupted_run_pro
     states = [Checkpointer(run / "checkpoints").restore(4, None) for run in (whole, resumed)]
     for a, b in zip(jax.tree.leaves(states[0][0]["params"]), jax.tree.leaves(states[1][0]["params"])):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    assert states[0][1]["data_position"] == states[1][1]["data_position"] == 8
+    drawn = sum(2 * line.get("dynamic_sampling/gen_batches", 1) for line in read_metrics(whole / "metrics.jsonl"))
+    assert states[0][1]["data_position"] == states[1][1]["data_position"] == drawn
+    assert (drawn > 8) == (recipe == "dapo_resample")  # the re-sampling run drew again in some step
 
 
 def test_the_overlap_benchmark_prints_each_configurations_step_time_against_the_plain_loop():
