@@ -679,7 +679,7 @@ def _train_rl(config: RLConfig, task: Any, *, judge, model, tokenizer) -> dict[s
     # the model nor a server), a prompt the model cannot sample, or a server that cannot be reached or whose
     # answers do not parse, stops the launch with nothing changed on disk.
     try:
-        runs.check_relaunch(Path(config.output_dir), config)
+        runs.check_relaunch(Path(config.output_dir), config, lambda saved: resolve_algorithm(saved)[1])
         if (refusal := prompt_refusal(algorithm, task, config, model, tokenizer)) is not None:
             raise RunStopped(refusal)
         check_llm_roles(judge if judge_owned else None, meta_verifier, task, config.judge.format)

@@ -26,7 +26,7 @@ import signal
 import sys
 import threading
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Optional, Sequence
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
 import jax
 import yaml
@@ -36,7 +36,7 @@ from rubric_jax.training import data_parallel, policy
 from rubric_jax.training.checkpoint import Checkpointer
 from rubric_jax.training.metrics import DEFAULT_CONSOLE_KEYS, METRICS_FILE, MetricsWriter, plot_metrics, read_metrics
 from rubric_jax.training.run_config import CheckpointConfig, MetricsConfig
-from rubric_jax.yaml_config import config_to_dict
+from rubric_jax.yaml_config import config_from_dict, config_to_dict
 
 _LOG = logging.getLogger(__name__)
 
@@ -155,11 +155,17 @@ def undo_failed_launch(out: Path) -> Iterator[None]:
         raise
 
 
-def check_relaunch(out: Path, config: Any) -> None:
+def check_relaunch(out: Path, config: Any, resolve: Callable[[Any], Any] = lambda config: config) -> None:
     """Refuses (RunStopped) a launch that would rewrite the history of the run in `out` (its checkpoints or
     metrics log): with `checkpoint.resume`, when the config saved there differs from `config` (both resolved) in
     a key outside RELAUNCH_SAFE_KEYS, naming the keys; without it, when `out` holds checkpoints at all (a fresh
-    run would mix its steps with theirs). A directory without history (nothing run yet) takes any config."""
+    run would mix its steps with theirs). A directory without history (nothing run yet) takes any config.
+
+    The saved config is read again as `config`'s class and passed through `resolve` (the RL trainer's
+    `resolve_algorithm`), so a value an older version wrote in a form since renamed (`dynamic_sampling: true`,
+    now "mask") compares equal to its new form and relaunching with the saved config.yaml always resumes. Keys
+    the saved file lacks take today's defaults; they are logged as a warning, since a default may have changed.
+    A saved config that no longer loads is refused, with the loader's reason."""
     if not has_history(out):
         return
     if not config.checkpoint.resume:
@@ -168,7 +174,15 @@ def check_relaunch(out: Path, config: Any) -> None:
     saved_path = out / "config.yaml"
     if not saved_path.is_file():
         return
-    saved = _flat(yaml.safe_load(saved_path.read_text(encoding="utf-8")) or {})
+    written = yaml.safe_load(saved_path.read_text(encoding="utf-8")) or {}
+    try:
+        saved = _flat(config_to_dict(resolve(config_from_dict(type(config), written))))
+    except ValueError as error:
+        raise RunStopped(f"output_dir {out} holds a run whose config.yaml no longer loads ({error}): resuming it "
+                         "needs the version that started it, or choose another output_dir") from error
+    if defaulted := sorted(saved.keys() - _flat(written).keys()):
+        _LOG.warning("resuming %s: its config.yaml predates %s, which take today's defaults", out,
+                     ", ".join(f"{key}={saved[key]!r}" for key in defaulted))
     current = _flat(config_to_dict(config))
     missing = object()
     # The shallowest keys first: "algorithm.name" says more than the twenty parameters that differ with it.

@@ -11,6 +11,7 @@ import signal
 from pathlib import Path
 
 import pytest
+import yaml
 
 from rubric_jax import cli
 from rubric_jax.data.tasks import build_task
@@ -20,7 +21,8 @@ from rubric_jax.training.checkpoint import Checkpointer
 from rubric_jax.training.metrics import read_metrics
 from rubric_jax.training.optim import OptimizerConfig
 from rubric_jax.training.run_config import (AlgorithmSpec, CheckpointConfig, EvalConfig, MetricsConfig, ModelSpec,
-                                            SFTConfig)
+                                            SFTConfig, resolve_algorithm)
+from rubric_jax.yaml_config import config_to_dict
 from tests.training.test_rl import TINY, tiny_rl_config
 from tests.training.toy_task import toy_task
 
@@ -51,6 +53,47 @@ def test_a_relaunch_with_another_config_is_refused_naming_the_keys_and_changes_n
     assert "(steps:" not in message and "; steps:" not in message  # steps may change
     assert _history(config) == history
 
+
+
+def _saved_dapo_run(tmp_path, algorithm_params: dict):
+    """A directory holding a DAPO run's history (a metrics line) and a config.yaml with `algorithm_params` as an
+    older version would have written them; returns (that directory, the config a relaunch resolves)."""
+    config = tiny_rl_config(tmp_path, algorithm=AlgorithmSpec(name="dapo"))
+    _, resolved = resolve_algorithm(config)
+    written = config_to_dict(resolved)
+    written["algorithm"]["params"] = algorithm_params
+    out = Path(config.output_dir)
+    out.mkdir(parents=True)
+    (out / "config.yaml").write_text(yaml.safe_dump(written), encoding="utf-8")
+    (out / "metrics.jsonl").write_text('{"step": 1}\n', encoding="utf-8")
+    return out, resolved
+
+
+def test_a_config_saved_before_a_rename_resumes_and_its_missing_keys_are_named(tmp_path, caplog):
+    """A run saved `dynamic_sampling: true` (now "mask") and no `max_num_gen_batches`: the saved config read
+    again by today's code is the relaunch's own, so it resumes, and the keys it took defaults for are logged."""
+    params = config_to_dict(resolve_algorithm(tiny_rl_config(tmp_path / "x", algorithm=AlgorithmSpec(
+        name="dapo")))[0])
+    older = {key: value for key, value in params.items() if key not in ("max_num_gen_batches", "gen_batch_prompts")}
+    assert older["dynamic_sampling"] == "mask"
+    older["dynamic_sampling"] = True
+    out, resolved = _saved_dapo_run(tmp_path, older)
+    with caplog.at_level("WARNING", logger="rubric_jax.training.runs"):
+        runs.check_relaunch(out, resolved, lambda saved: resolve_algorithm(saved)[1])
+    assert "algorithm.params.max_num_gen_batches=0" in caplog.text
+    assert "algorithm.params.gen_batch_prompts=None" in caplog.text
+    assert "dynamic_sampling" not in caplog.text
+
+    changed = dataclasses.replace(resolved, algorithm=dataclasses.replace(
+        resolved.algorithm, params={**resolved.algorithm.params, "dynamic_sampling": "off"}))
+    with pytest.raises(runs.RunStopped, match="algorithm.params.dynamic_sampling: 'mask' -> 'off'"):
+        runs.check_relaunch(out, changed, lambda saved: resolve_algorithm(saved)[1])
+
+
+def test_a_saved_config_that_no_longer_loads_is_refused_with_the_loaders_reason(tmp_path):
+    out, resolved = _saved_dapo_run(tmp_path, {"a_key_since_removed": 1})
+    with pytest.raises(runs.RunStopped, match="config.yaml no longer loads .*a_key_since_removed"):
+        runs.check_relaunch(out, resolved, lambda saved: resolve_algorithm(saved)[1])
 
 def test_checkpoint_resume_false_on_a_run_is_refused(finished_run):
     config, history = finished_run
