@@ -303,10 +303,11 @@ def auth_headers(config: JudgeConfig | MetaVerifierConfig, section: str) -> dict
 
 
 def _chat_client(config: JudgeConfig | MetaVerifierConfig, seed: int, section: str) -> llm.ChatClient:
-    """The chat client of an LLM section of the config: its server, credentials, model, decoding and retry
-    policy."""
+    """The chat client of an LLM section of the config: its server, credentials, model, decoding, request options
+    and retry policy."""
     settings = llm.ChatSettings(model=config.model, temperature=config.temperature, max_tokens=config.max_tokens,
-                                seed=seed)
+                                seed=seed, chat_template_kwargs=config.chat_template_kwargs,
+                                extra_body=config.extra_body)
     return llm.chat_client(config.url, settings, seed=seed, headers=auth_headers(config, section),
                            max_in_flight=config.max_in_flight, max_attempts=config.max_attempts,
                            timeout_s=config.timeout_s)

@@ -16,7 +16,7 @@ from typing import Any, Literal, Optional
 
 from rubric_jax.algorithms.base import StepShape
 from rubric_jax.algorithms.registry import algorithm_class
-from rubric_jax.judges.llm import check_credentials
+from rubric_jax.judges.llm import check_credentials, check_request_options
 from rubric_jax.training.optim import OptimizerConfig
 from rubric_jax.yaml_config import config_from_dict, config_to_dict
 
@@ -304,7 +304,8 @@ class RolloutLogConfig:
 def _check_chat_role(config: Any, section: str) -> None:
     """The checks an LLM role's section shares (`JudgeConfig`, `MetaVerifierConfig`): url and model exactly with
     kind llm, positive counts, a non-negative temperature and a positive timeout, an environment variable's name
-    for the key and string headers (the key itself never belongs in a config)."""
+    for the key and string headers (the key itself never belongs in a config), template variable names in
+    chat_template_kwargs and no field of the client's own in extra_body (`llm.check_request_options`)."""
     llm = config.kind == "llm"
     _require(llm == (config.url is not None) and llm == (config.model is not None),
              f"{section}.url and {section}.model are required by {section}.kind llm, and only by it")
@@ -313,6 +314,7 @@ def _check_chat_role(config: Any, section: str) -> None:
     _require(config.temperature >= 0 and config.timeout_s > 0,
              f"{section}.temperature must be >= 0, timeout_s > 0")
     check_credentials(config.api_key_env, config.headers, section)
+    check_request_options(config.chat_template_kwargs, config.extra_body, section)
 
 
 CRITERION_FORMATS = ("rating", "healthbench")  # the judge formats of one call per criterion
@@ -339,7 +341,15 @@ class JudgeConfig:
     and stops (exit 1, one line) when it does not answer, refuses the credentials or a `model` it does not list,
     or answers what does not parse in `format`; it stops the same way when "judge/failure_rate" (or the per-call
     "judge/call_failure_rate", when larger) exceeds `max_failure_rate` on `max_failing_steps` consecutive steps (a
-    run whose rewards are judge failures cannot learn). `max_failure_rate: 1.0` turns that off."""
+    run whose rewards are judge failures cannot learn). `max_failure_rate: 1.0` turns that off.
+
+    Request options (`judges.llm`, empty by default and then not sent): `chat_template_kwargs`, the chat
+    template's variables, sent as every request's `chat_template_kwargs` (SGLang, vLLM, llama.cpp's llama-server),
+    e.g. {enable_thinking: false} for a Qwen3 judge, which otherwise thinks first and can spend max_tokens before
+    it answers; `extra_body`, fields added to every request body as they are, e.g. {reasoning_effort: low} for
+    gpt-oss. A key of extra_body the client sets itself (model, messages, temperature, max_tokens, seed,
+    response_format, ...: `llm.CLIENT_FIELDS`) is refused here. `transformers serve` refuses a request with
+    either (422)."""
 
     kind: Literal["task", "llm"] = "task"
     url: Optional[str] = None
@@ -356,6 +366,8 @@ class JudgeConfig:
     max_failure_rate: float = 0.5
     max_failing_steps: int = 3
     failed_criterion: Literal["fail_rollout", "score_zero"] = "fail_rollout"
+    chat_template_kwargs: dict = dataclasses.field(default_factory=dict)
+    extra_body: dict = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
         _check_chat_role(self, "judge")
@@ -377,8 +389,9 @@ class MetaVerifierConfig:
     world), or "llm", an OpenAI-compatible chat server at `url` serving `model`, asked with Appendix C's prompt of
     `domain` ("medical": Table 6, "writing_science": Table 7), one call per proposed criterion
     (`judges.llm.LLMMetaVerifier`). The decoding (`temperature`, `max_tokens`), the HTTP fields
-    (`max_in_flight`, `max_attempts`, `timeout_s`) and the authentication (`api_key_env`, `headers`) are
-    `JudgeConfig`'s; its server gets a preflight request before step 1 as the judge's does."""
+    (`max_in_flight`, `max_attempts`, `timeout_s`), the authentication (`api_key_env`, `headers`) and the request
+    options (`chat_template_kwargs`, `extra_body`) are `JudgeConfig`'s; its server gets a preflight request
+    before step 1 as the judge's does."""
 
     kind: Literal["task", "llm"] = "task"
     url: Optional[str] = None
@@ -391,6 +404,8 @@ class MetaVerifierConfig:
     timeout_s: float = 600.0
     api_key_env: Optional[str] = None
     headers: dict = dataclasses.field(default_factory=dict)
+    chat_template_kwargs: dict = dataclasses.field(default_factory=dict)
+    extra_body: dict = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
         _check_chat_role(self, "meta_verifier")
