@@ -4,6 +4,8 @@ a run config checked against its dataset, its first prompts rendered, without tr
 
 - `dataset_params(preset, path, split)`: task "dataset" params that hold out the whole file, as a benchmark is
   evaluated: every usable row, in the seeded order.
+- `benchmark_tasks(eval_config, seed)`: the tasks and rows of a run config's evaluation benchmarks
+  (`EvalConfig.benchmarks`), read before training starts and handed to `train_rl`.
 - `model_engine`: the policy saved in a Hugging Face directory, sampled in process (the embedded sampler, for
   CPU and small models) or by an SGLang server already serving it (`sglang_url`; the directory then gives only
   the tokenizer).
@@ -31,6 +33,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 from rubric_jax import strict_json
 from rubric_jax.algorithms.registry import algorithm_class
 from rubric_jax.data import presets
+from rubric_jax.data.tasks import build_task
 from rubric_jax.inference.engine import RolloutEngine
 from rubric_jax.judges import llm
 from rubric_jax.judges.base import Judge, JudgeRequest
@@ -55,6 +58,25 @@ def dataset_params(preset: str, path: str, split: str = "train") -> dict[str, An
         raise ValueError(f"--dataset {preset!r} is neither a preset nor a YAML config; presets: "
                          f"{', '.join(sorted(presets.PRESETS))}")
     return {"preset": preset, "path": path, "split": split, "eval_path": path}
+
+
+def benchmark_tasks(config: EvalConfig, seed: int) -> dict[str, tuple[Any, list]]:
+    """name -> (task, examples) for each benchmark of the eval section `config`: task "dataset" over its file
+    (`EvalBenchmark.task_params`) and its first `num_examples` usable rows (all by default). ValueError naming
+    eval.benchmarks.<name> for a file, column or preset that does not read, or a preset without answers."""
+    tasks = {}
+    for name, benchmark in config.benchmarks.items():
+        where = f"eval.benchmarks.{name}"
+        try:
+            task = build_task("dataset", benchmark.task_params(), seed)
+        except ValueError as error:
+            raise ValueError(f"{where}: {error}") from None
+        if not task.has_outcome:
+            raise ValueError(f"{where}: preset {benchmark.preset} has no answers to check (answer_kind none): a "
+                             "benchmark reports accuracy (evaluate a rubric dataset with rubric-jax eval and a judge)")
+        count = benchmark.num_examples or int(task.data_metrics()["data/eval_rows"])
+        tasks[name] = (task, task.eval_examples(count))
+    return tasks
 
 
 def model_engine(model_dir: str, *, seed: int, sglang_url: Optional[str] = None,

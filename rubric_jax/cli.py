@@ -183,6 +183,12 @@ def build_parser() -> argparse.ArgumentParser:
                                "of a task)")
     evaluate.add_argument("--samples", type=_positive_int, default=1, help="samples per example (k of avg@k, pass@k)")
     evaluate.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
+    evaluate.add_argument("--top-p", type=float, default=EvalConfig.top_p)
+    for name, default in (("presence", EvalConfig.presence_penalty), ("frequency", EvalConfig.frequency_penalty),
+                          ("repetition", EvalConfig.repetition_penalty)):
+        evaluate.add_argument(f"--{name}-penalty", type=float, default=default,
+                              help=f"SGLang's {name} penalty on the tokens a sample has generated (default: "
+                                   f"{default:g}, none)")
     evaluate.add_argument("--max-new-tokens", type=_positive_int, default=64)
     evaluate.add_argument("--seed", type=int, default=0)
     evaluate.add_argument("--chat-template-kwargs", type=_template_kwargs, default={}, metavar="JSON",
@@ -332,8 +338,9 @@ def _eval_plan(args) -> _EvalPlan:
         if args.judge_url is None or args.judge_model is None:
             raise ValueError("--judge-url and --judge-model go together")
         judge = JudgeConfig(kind="llm", url=args.judge_url, model=args.judge_model, format=args.judge_format)
-    sampling = EvalConfig(samples_per_example=args.samples, temperature=args.temperature,
-                          log_samples=args.log_samples)
+    sampling = EvalConfig(samples_per_example=args.samples, temperature=args.temperature, top_p=args.top_p,
+                          presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty,
+                          repetition_penalty=args.repetition_penalty, log_samples=args.log_samples)
     return _EvalPlan(task, count, sampling, judge, kwargs)
 
 
@@ -370,6 +377,7 @@ def _command(args) -> int:
         # The synthesis plan holds its input task; every other command's task is checked here, before any model
         # is built.
         task = None if args.command == "synthesize" else _checked_task(args, config)
+        benchmarks = _checked_benchmarks(args, config)
         if args.command == "eval":
             judge = _eval_judge(config.judge, task, args)
         elif args.command == "validate":
@@ -399,7 +407,10 @@ def _command(args) -> int:
         from rubric_jax.training.sft import train_sft  # noqa: PLC0415
 
         try:
-            (train_rl if args.command == "train" else train_sft)(config, task)
+            if args.command == "train":
+                train_rl(config, task, benchmarks=benchmarks)
+            else:
+                train_sft(config, task)
         except RunStopped as error:
             print(f"rubric-jax {args.command}: {_one_line(error)}", file=sys.stderr)
             return error.exit_code
@@ -452,6 +463,16 @@ def _checked_task(args, config):
 
     return build_task(*(config.task if args.command == "eval" else (
         config.task.name, config.task.params, config.task.seed)))
+
+
+def _checked_benchmarks(args, config) -> dict:
+    """The evaluation benchmarks of an RL run that evaluates (`train`, `validate`), their files read as the task's
+    are (`benchmark.benchmark_tasks`); none for the other commands."""
+    if args.command not in ("train", "validate") or not config.eval.every_steps:
+        return {}
+    from rubric_jax.benchmark import benchmark_tasks  # noqa: PLC0415
+
+    return benchmark_tasks(config.eval, config.seed)
 
 
 def _synthesize(plan, *, progress: bool) -> int:

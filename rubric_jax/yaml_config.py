@@ -10,7 +10,8 @@ Generic (it knows no config of the project), so that both the data layer (a task
   string in exponent notation such as `3e-6`, which YAML 1.1 reads as a string for want of a dot), str,
   `Optional[T]` (null), `tuple[T, ...]` (a YAML list), `Literal[...]`, nested dataclasses (a YAML mapping), and
   `dict[str, Any]`: free-form parameters (a YAML mapping) validated by their owner, such as an algorithm's
-  `params`, which the trainer reads into the algorithm's own config class.
+  `params`, which the trainer reads into the algorithm's own config class; and `dict[str, T]` with T a
+  dataclass: named sections (a YAML mapping of names to mappings), each read as T under the key `<key>.<name>`.
   Any other annotation is a programmer error (TypeError when the config is read).
 - A section given in part keeps, for the keys it leaves out, the values of the field's default: with
   `rollout: RolloutConfig = RolloutConfig(group_size=16)`, the YAML `rollout: {temperature: 0.7}` gives
@@ -63,9 +64,11 @@ def _read(annotation: Any, value: Any, key: str) -> Any:
             raise ValueError(f"config key {key}: expected a list, got {value!r}")
         return tuple(_read(args[0], item, f"{key}[{i}]") for i, item in enumerate(value))
     if annotation is dict or origin is dict:
-        # Free-form parameters checked later by their owner (an algorithm's or a task's own config class).
         if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
             raise ValueError(f"config key {key}: expected a mapping with string keys, got {value!r}")
+        if len(args) == 2 and dataclasses.is_dataclass(args[1]):
+            return {name: config_from_dict(args[1], item, _join(key, name)) for name, item in value.items()}
+        # Free-form parameters checked later by their owner (an algorithm's or a task's own config class).
         return _deep_copy(value)
     if annotation is bool:
         if not isinstance(value, bool):

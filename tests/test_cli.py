@@ -71,7 +71,8 @@ def test_eval_on_dataset_presets_writes_json_and_markdown(tmp_path, capsys):
     model = str(tmp_path / "sft" / "model")
     output = tmp_path / "math.json"
     assert cli.main(["eval", model, "--dataset", "math500", "--data-path", str(FIXTURES / "math500.jsonl"),
-                     "--samples", "2", "--temperature", "1.0", "--max-new-tokens", "8", "--output", str(output)]) == 0
+                     "--samples", "2", "--temperature", "1.0", "--top-p", "0.8", "--presence-penalty", "1.5",
+                     "--max-new-tokens", "8", "--output", str(output)]) == 0
     metrics = json.loads(output.read_text())
     assert {"eval/accuracy", "eval/pass@2", "eval/tag/Algebra/accuracy", "eval/tag/Precalculus/accuracy"} <= metrics.keys()
     markdown = output.with_suffix(".md").read_text()
@@ -187,6 +188,8 @@ BAD_INPUTS = {
                                                "directory"),
         ([*DATASET_RL, "algorithm.params.max_items=2"],
          "the task's longest rubric has 3 items, more than algorithm.params.max_items (2): raise max_items"),
+        ([*RL_INIT, "eval.benchmarks={aime25: {preset: aime25, path: '{tmp}/missing.jsonl'}}"],
+         "eval.benchmarks.aime25: dataset {tmp}/missing.jsonl does not exist"),
     ],
     "sft": [
         *CONFIG_FILE_CASES,
@@ -213,6 +216,9 @@ BAD_INPUTS = {
         (["{tmp}/complete", "--examples", "0"], "argument --examples: must be >= 1, got 0"),
         (["{tmp}/complete", "--max-new-tokens", "-1"], "argument --max-new-tokens: must be >= 1, got -1"),
         (["{tmp}/complete", "--temperature", "-1"], "temperature must be >= 0, got -1.0"),
+        (["{tmp}/complete", "--presence-penalty", "2.5"], "presence_penalty must be in [-2, 2] (0: none), got 2.5"),
+        (["{tmp}/complete", "--repetition-penalty", "0"], "repetition_penalty must be in (0, 2] (1: none), got 0.0"),
+        (["{tmp}/complete", "--top-p", "1.5"], "top_p must be in (0, 1], got 1.5"),
         (["{tmp}/complete", "--task", "nope"], "unknown task 'nope'"),
         (["{tmp}/complete", "--output", "{tmp}"], "--output {tmp} is a directory"),
         (["{tmp}/complete", "--output", "{tmp}/missing/m.json"], "the directory {tmp}/missing does not exist"),

@@ -157,6 +157,23 @@ def test_free_form_parameters_are_a_copied_mapping_with_string_keys():
     assert config_to_dict(spec) == data
 
 
+def test_named_sections_are_read_each_as_its_dataclass(tmp_path):
+    @dataclasses.dataclass(frozen=True)
+    class Fleet:
+        rollouts: dict[str, Rollout] = dataclasses.field(default_factory=dict)
+
+    fleet = load_config(Fleet, write(tmp_path, "rollouts: {fast: {group_size: 2}, slow: {}}"),
+                        ["rollouts.slow.engine=sglang"])
+    assert fleet.rollouts == {"fast": Rollout(group_size=2), "slow": Rollout(engine="sglang")}
+    assert config_from_dict(Fleet, config_to_dict(fleet)) == fleet
+    with pytest.raises(ValueError, match="unknown config key rollouts.fast.group_sise"):
+        config_from_dict(Fleet, {"rollouts": {"fast": {"group_sise": 2}}})
+    with pytest.raises(ValueError, match="config key rollouts.slow: expected a mapping"):
+        config_from_dict(Fleet, {"rollouts": {"slow": 3}})
+    with pytest.raises(ValueError, match="config key rollouts: expected a mapping with string keys"):
+        config_from_dict(Fleet, {"rollouts": [{"group_size": 2}]})
+
+
 @dataclasses.dataclass(frozen=True)
 class Stage:
     rollout: Rollout = Rollout(group_size=16, temperature=0.7)

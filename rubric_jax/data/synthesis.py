@@ -57,7 +57,8 @@ from rubric_jax.data import tasks
 from rubric_jax.data.dataset import Record
 from rubric_jax.inference.http import RequestFailed
 from rubric_jax.judges import preflight
-from rubric_jax.judges.llm import ChatClient, ChatSettings, chat_client, check_credentials, request_headers
+from rubric_jax.judges.llm import (ChatClient, ChatSettings, chat_client, check_credentials, check_request_options,
+                                   request_headers)
 from rubric_jax.rubrics import parsing, prompts
 from rubric_jax.rubrics import synthesis as schemas
 from rubric_jax.yaml_config import config_from_dict, config_to_dict
@@ -68,6 +69,8 @@ REQUEST_FAILED = "request_failed"
 # Config keys that may change between a run and its resumption: where the server is and how hard it is pushed.
 _OPERATIONAL_KEYS = {"output_dir", "max_concurrent_sources"}
 _OPERATIONAL_GENERATOR_KEYS = {"url", "max_in_flight", "max_attempts", "timeout_s"}
+# Generator keys added after manifests were first written: empty (their default, nothing sent) equals absent.
+_LATER_GENERATOR_KEYS = {"chat_template_kwargs", "extra_body"}
 
 
 def _require(ok: bool, message: str) -> None:
@@ -82,7 +85,10 @@ class GeneratorConfig:
     another answer), `max_tokens` per answer, whether to send JSON schemas, and the HTTP client's bounds and
     retries (`max_in_flight`, `max_attempts`, `timeout_s`). Credentials as a judge's (`JudgeConfig`): `api_key_env`,
     the name of an environment variable whose value is sent as "Authorization: Bearer <value>" (a hosted
-    generator's key never enters the config), and `headers`, sent with every request."""
+    generator's key never enters the config), and `headers`, sent with every request. Request options as a
+    judge's too (`judges.llm`): `chat_template_kwargs` (the template's variables, e.g. {enable_thinking: false})
+    and `extra_body` (fields added to every request, e.g. {reasoning_effort: high} for gpt-oss), not sent when
+    empty; an extra_body key the client sets itself is refused."""
 
     url: str
     model: str
@@ -94,6 +100,8 @@ class GeneratorConfig:
     timeout_s: float = 600.0
     api_key_env: Optional[str] = None
     headers: dict = dataclasses.field(default_factory=dict)
+    chat_template_kwargs: dict = dataclasses.field(default_factory=dict)
+    extra_body: dict = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
         _require(bool(self.url) and bool(self.model), "generator.url and generator.model must be set")
@@ -101,6 +109,7 @@ class GeneratorConfig:
         for name in ("max_tokens", "max_in_flight", "max_attempts"):
             _require(getattr(self, name) >= 1, f"generator.{name} must be >= 1, got {getattr(self, name)}")
         check_credentials(self.api_key_env, self.headers, "generator")
+        check_request_options(self.chat_template_kwargs, self.extra_body, "generator")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -502,7 +511,8 @@ def check_manifest(directory: Path, config: SynthesisConfig) -> None:
 
 def _comparable(value: Any, key: str) -> Any:
     if key == "generator" and isinstance(value, dict):
-        return {k: v for k, v in value.items() if k not in _OPERATIONAL_GENERATOR_KEYS}
+        return {k: v for k, v in value.items()
+                if k not in _OPERATIONAL_GENERATOR_KEYS and not (k in _LATER_GENERATOR_KEYS and v == {})}
     return value
 
 
@@ -525,7 +535,8 @@ class RunCounts:
 def make_chat(config: GeneratorConfig, seed: int) -> ChatClient:
     """The generator's chat client (`llm.chat_client`); MissingApiKey when its key's variable is unset."""
     settings = ChatSettings(model=config.model, temperature=config.temperature, max_tokens=config.max_tokens,
-                            json_schema=config.json_schema)
+                            json_schema=config.json_schema, chat_template_kwargs=config.chat_template_kwargs,
+                            extra_body=config.extra_body)
     return chat_client(config.url, settings, seed=seed,
                        headers=request_headers(config.api_key_env, config.headers, "generator"),
                        max_in_flight=config.max_in_flight, max_attempts=config.max_attempts,

@@ -9,7 +9,11 @@ One call, on the device:
    the recorded tokens (one per row) to get the next logits. A row is done after a stop token (the engine's EOS
    ids or the call's `stop_token_ids`) or after its token budget; done rows feed masked padding. The loop exits
    as soon as every row is done, or after max_new_tokens tokens.
-3. Sampling (SGLang's sampler): logits / temperature, then top-k (k most likely tokens) and top-p (a token is
+3. Sampling (SGLang's sampler): with penalties (`SamplingParams.penalized`), the raw logits first get the
+   presence, frequency and repetition penalties of the tokens the row has generated so far (`penalized_logits`,
+   from a per-row count of every vocabulary token, int32 [rows, V], updated after each token: 4 bytes x rows x V,
+   e.g. 150 MiB for 256 rows of a 152k vocabulary; not allocated at all without penalties); then
+   logits / temperature, then top-k (k most likely tokens) and top-p (a token is
    kept while the probability mass of the tokens ranked above it is <= top_p; the most likely token always is);
    temperature 0 is greedy (argmax, no filtering). Ties at the top-k / top-p threshold are all kept (a threshold
    on the value, not a cut in sort order). The token is drawn from the kept tokens' renormalised probabilities
@@ -18,6 +22,7 @@ One call, on the device:
    batching, padding or `max_batch_size`.
 4. Logprobs: log_softmax(logits / temperature) of the sampled token, before top-k / top-p (temperature 0 counts
    as 1): what `rubric_jax.models.logprobs.sequence_logprobs(..., temperature=...)` recomputes in the learner.
+   With penalties they are those of the penalised logits, as SGLang's (which the learner does not recompute).
 
 Stop handling mirrors SGLang (`Req.check_finished`, checked after every token in this order): the length budget
 first ("length", even if that last token is a stop token), then stop token ids ("stop", the token included,
@@ -37,8 +42,9 @@ positions (SGLang clips max_new_tokens to the context length the same way, and r
 
 Compilation: shapes are bucketed, so recompilation is rare: rows to the next power of two (at most
 `max_batch_size`; more rows run in chunks), prompt width and max_new_tokens each to the next power of two
-(at least 16), the stop-id list to a multiple of 8. Temperature, top-p, top-k, the stop ids and the seed are
-runtime values; the sampling mode (greedy, plain, filtered) is static. `update_weights` swaps the parameters in
+(at least 16), the stop-id list to a multiple of 8. Temperature, top-p, top-k, the penalties, the stop ids and
+the seed are runtime values; the sampling mode (greedy, plain, filtered) and whether there are penalties are
+static. `update_weights` swaps the parameters in
 memory: same shapes, no recompilation. Calls are serialised by a lock (one generation at a time; a weight update
 waits for the running generation), and `agenerate` runs `generate` in a worker thread.
 """
@@ -79,6 +85,15 @@ def _sampling_mode(params: SamplingParams) -> str:
     if params.top_k == -1 and params.top_p == 1:
         return SAMPLE
     return FILTERED
+
+
+def _penalties(params: SamplingParams) -> Optional[tuple[np.float32, np.float32, np.float32]]:
+    """The call's (presence, frequency, repetition) penalties as runtime values; None when all are at their
+    defaults, which compiles the sampler without token counts."""
+    if not params.penalized:
+        return None
+    return (np.float32(params.presence_penalty), np.float32(params.frequency_penalty),
+            np.float32(params.repetition_penalty))
 
 
 def filter_top_k_top_p(scaled_logits_bv: jax.Array, top_k: jax.Array, top_p: jax.Array) -> jax.Array:
@@ -122,6 +137,32 @@ def inverse_cdf_sample(weights_bv: jax.Array, uniform_b: jax.Array) -> jax.Array
     return (block_b * SAMPLING_BLOCK + index_b).astype(jnp.int32)
 
 
+def penalized_logits(logits_bv: jax.Array, counts_bv: jax.Array, presence: jax.Array, frequency: jax.Array,
+                     repetition: jax.Array) -> jax.Array:
+    """float32 [B, V]: the raw logits under SGLang's presence, frequency and repetition penalties, `counts_bv`
+    (int32 [B, V]) holding how often row b has generated token v so far (its prompt not counted); the definitions
+    and their order are `engine.SamplingParams`'s: z - presence [c > 0] - frequency c, then z / repetition where
+    that is > 0 and z * repetition where it is <= 0, for the tokens with c > 0. A token never generated keeps its
+    logit."""
+    seen_bv = counts_bv > 0
+    logits_bv = logits_bv - presence * seen_bv - frequency * counts_bv
+    scaled_bv = jnp.where(logits_bv > 0, logits_bv / repetition, logits_bv * repetition)
+    return jnp.where(seen_bv, scaled_bv, logits_bv)
+
+
+def _penalize(logits_bv: jax.Array, counts_bv: Optional[jax.Array], penalties) -> jax.Array:
+    """The logits under the penalties of the counted tokens; as they are in a call without penalties (no
+    counts)."""
+    return logits_bv if counts_bv is None else penalized_logits(logits_bv, counts_bv, *penalties)
+
+
+def _count(counts_bv: Optional[jax.Array], token_b: jax.Array, live_b: jax.Array) -> Optional[jax.Array]:
+    """The counts with each live row's new token added; None (a call without penalties) stays None."""
+    if counts_bv is None:
+        return None
+    return counts_bv.at[jnp.arange(token_b.shape[0]), token_b].add(live_b.astype(jnp.int32))
+
+
 def sample_tokens(logits_bv, keys_b, step, temperature, top_k, top_p, mode: str) -> tuple[jax.Array, jax.Array]:
     """(token_b int32, logprob_b float32) for one decode step; see the module docstring (3. and 4.)."""
     if mode != GREEDY:
@@ -142,11 +183,12 @@ def sample_tokens(logits_bv, keys_b, step, temperature, top_k, top_p, mode: str)
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "max_steps", "mode"))
 def _generate(graphdef, state, tokens_bp, mask_bp, budget_b, sample_index_b, stop_ids_s, seed, temperature, top_k,
-              top_p, *, max_steps: int, mode: str, pad_id: int = 0):
+              top_p, penalties, *, max_steps: int, mode: str, pad_id: int = 0):
     """(output_ids_bn, logprobs_bn, length_b) for N = max_steps columns; see the module docstring (1.-4.).
 
     budget_b: tokens each row may generate (0 for a padding row: it starts done); stop_ids_s: stop token ids,
-    padded with -1."""
+    padded with -1; penalties: (presence, frequency, repetition), or None for a call without penalties (then no
+    token counts are kept)."""
     model = nnx.merge(graphdef, state)
     batch, width = tokens_bp.shape
     prompt_len_b = jnp.sum(mask_bp, axis=-1).astype(jnp.int32)
@@ -156,37 +198,41 @@ def _generate(graphdef, state, tokens_bp, mask_bp, budget_b, sample_index_b, sto
     logits_bv = model.logits(hidden_bpd[:, -1])
     keys_b = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(jax.random.key(seed), sample_index_b)
 
-    def record(step, logits_bv, done_b, output_ids_bn, logprobs_bn):
+    def record(step, logits_bv, done_b, output_ids_bn, logprobs_bn, counts_bv):
+        logits_bv = _penalize(logits_bv, counts_bv, penalties)
         token_b, logp_b = sample_tokens(logits_bv, keys_b, step, temperature, top_k, top_p, mode)
         token_b = jnp.where(done_b, pad_id, token_b)
         output_ids_bn = jax.lax.dynamic_update_slice(output_ids_bn, token_b[:, None], (0, step))
         logprobs_bn = jax.lax.dynamic_update_slice(logprobs_bn, jnp.where(done_b, 0.0, logp_b)[:, None], (0, step))
+        counts_bv = _count(counts_bv, token_b, ~done_b)
         stopped_b = jnp.any(token_b[:, None] == stop_ids_s[None, :], axis=-1)
         done_b = done_b | stopped_b | (step + 1 >= budget_b)
-        return token_b, done_b, output_ids_bn, logprobs_bn
+        return token_b, done_b, output_ids_bn, logprobs_bn, counts_bv
 
     output_ids_bn = jnp.full((batch, max_steps), pad_id, jnp.int32)
     logprobs_bn = jnp.zeros((batch, max_steps), jnp.float32)
+    counts_bv = None if penalties is None else jnp.zeros(logits_bv.shape, jnp.int32)
     done_b = budget_b <= 0
     length_b = jnp.where(done_b, 0, 1)
-    token_b, done_b, output_ids_bn, logprobs_bn = record(0, logits_bv, done_b, output_ids_bn, logprobs_bn)
+    token_b, done_b, output_ids_bn, logprobs_bn, counts_bv = record(
+        0, logits_bv, done_b, output_ids_bn, logprobs_bn, counts_bv)
 
     def cond(carry):
-        step, _, _, done_b, _, _, _ = carry
+        step, _, _, done_b, _, _, _, _ = carry
         return (step < max_steps) & ~jnp.all(done_b)
 
     def body(carry):
-        step, cache, token_b, done_b, length_b, output_ids_bn, logprobs_bn = carry
+        step, cache, token_b, done_b, length_b, output_ids_bn, logprobs_bn, counts_bv = carry
         # The token recorded at step - 1 sits at position prompt_len + step - 1; done rows feed masked padding.
         hidden_b1d, cache = model(token_b[:, None], (prompt_len_b + step - 1)[:, None], ~done_b[:, None], cache)
         length_b = length_b + ~done_b
-        token_b, done_b, output_ids_bn, logprobs_bn = record(
-            step, model.logits(hidden_b1d[:, 0]), done_b, output_ids_bn, logprobs_bn
+        token_b, done_b, output_ids_bn, logprobs_bn, counts_bv = record(
+            step, model.logits(hidden_b1d[:, 0]), done_b, output_ids_bn, logprobs_bn, counts_bv
         )
-        return step + 1, cache, token_b, done_b, length_b, output_ids_bn, logprobs_bn
+        return step + 1, cache, token_b, done_b, length_b, output_ids_bn, logprobs_bn, counts_bv
 
-    carry = (jnp.int32(1), cache, token_b, done_b, length_b, output_ids_bn, logprobs_bn)
-    _, _, _, _, length_b, output_ids_bn, logprobs_bn = jax.lax.while_loop(cond, body, carry)
+    carry = (jnp.int32(1), cache, token_b, done_b, length_b, output_ids_bn, logprobs_bn, counts_bv)
+    _, _, _, _, length_b, output_ids_bn, logprobs_bn, _ = jax.lax.while_loop(cond, body, carry)
     return output_ids_bn, logprobs_bn, length_b
 
 
@@ -302,7 +348,7 @@ class EmbeddedEngine(RolloutEngine):
         output_ids_bn, logprobs_bn, length_b = _generate(
             self._graphdef, self._state, tokens_bp, mask_bp, budget_b,
             np.arange(first_index, first_index + batch, dtype=np.int32), stop_ids_s, np.uint32(seed),
-            np.float32(params.temperature), np.int32(params.top_k), np.float32(params.top_p),
+            np.float32(params.temperature), np.int32(params.top_k), np.float32(params.top_p), _penalties(params),
             max_steps=bucket(params.max_new_tokens), mode=_sampling_mode(params), pad_id=self.pad_id,
         )
         output_ids_bn, logprobs_bn, length_b = jax.device_get((output_ids_bn, logprobs_bn, length_b))

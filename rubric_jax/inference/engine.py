@@ -66,6 +66,21 @@ class SamplingParams:
     stop:           stop strings (non-empty); lists are accepted and stored as tuples.
     stop_token_ids: stop tokens in addition to the engine's EOS ids.
     seed:           None, or an int making the call reproducible (SGLang's `sampling_seed`).
+    presence_penalty, frequency_penalty (in [-2, 2], default 0) and repetition_penalty (in (0, 2], default 1; 1 is
+                    none): penalties on the tokens the sample has generated so far, its prompt not counted
+                    (SGLang's `penaltylib`, which accumulates output tokens only, and OpenAI's definition of the
+                    first two). With c[v] the count of token v in the sample's output, on the raw logits z:
+                    z[v] -= presence_penalty * [c[v] > 0] + frequency_penalty * c[v], then, for every v with
+                    c[v] > 0, z[v] = z[v] / repetition_penalty if z[v] > 0 else z[v] * repetition_penalty (CTRL's
+                    rule, as SGLang's `apply_scaling_penalties`); then temperature, top-k and top-p as usual. The
+                    additive penalties come before the multiplicative one, the order of SGLang's
+                    `apply_logits_bias` (linear, then scaling penalties); vLLM applies repetition first, which
+                    differs only when both kinds are set. Unlike vLLM and Hugging Face, the repetition penalty does
+                    not count prompt tokens. Logprobs are then those of the penalised distribution (what SGLang
+                    returns): the learner, which knows no penalties, recomputes other logprobs, so penalties are
+                    for evaluation, not for the rollouts a policy trains on. Some SGLang releases accept and
+                    validate repetition_penalty but register no penalizer for it, so it has no effect there
+                    (sgl-project/sglang#28179); the embedded engine always applies it.
     """
 
     max_new_tokens: int
@@ -76,6 +91,9 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     seed: Optional[int] = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
 
     def __post_init__(self):
         for name in ("max_new_tokens", "n"):
@@ -98,12 +116,24 @@ class SamplingParams:
             raise ValueError(f"stop_token_ids must be non-negative token ids, got {stop_token_ids!r}")
         if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
             raise ValueError(f"seed must be None or an int, got {self.seed!r}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not _is_real(value) or not -2 <= value <= 2:
+                raise ValueError(f"{name} must be in [-2, 2] (0: none), got {value!r}")
+        if not _is_real(self.repetition_penalty) or not 0 < self.repetition_penalty <= 2:
+            raise ValueError(f"repetition_penalty must be in (0, 2] (1: none), got {self.repetition_penalty!r}")
         object.__setattr__(self, "stop", stop)
         object.__setattr__(self, "stop_token_ids", stop_token_ids)
 
+    @property
+    def penalized(self) -> bool:
+        """Whether any penalty differs from its default (none)."""
+        return (self.presence_penalty, self.frequency_penalty, self.repetition_penalty) != (0, 0, 1)
+
     def to_sglang(self) -> dict[str, Any]:
         """The `sampling_params` dict of SGLang's `/generate` (n included; `seed` as `sampling_seed`; empty
-        stop lists and a None seed left out, which SGLang reads as the same defaults)."""
+        stop lists, a None seed and penalties at their defaults left out, which SGLang reads as the same
+        defaults)."""
         params: dict[str, Any] = dict(
             max_new_tokens=int(self.max_new_tokens),
             n=int(self.n),
@@ -117,6 +147,9 @@ class SamplingParams:
             params["stop_token_ids"] = list(self.stop_token_ids)
         if self.seed is not None:
             params["sampling_seed"] = int(self.seed)
+        for name, default in (("presence_penalty", 0.0), ("frequency_penalty", 0.0), ("repetition_penalty", 1.0)):
+            if getattr(self, name) != default:
+                params[name] = float(getattr(self, name))
         return params
 
 

@@ -10,6 +10,12 @@ Beside the judges, `LLMMetaVerifier` audits generated rubrics rather than rollou
 one call per proposed criterion, on the same `ChatClient` and under the same conventions.
 
 Conventions:
+- Request options beside the decoding (`ChatSettings`): `chat_template_kwargs`, the chat template's variables,
+  sent as the body's `chat_template_kwargs` (read by SGLang, vLLM and llama.cpp's llama-server; e.g.
+  {"enable_thinking": false}: a Qwen3 judge answers without thinking first, so a thought cut by max_tokens cannot
+  fail the call), and `extra_body`, fields merged into every body as they are (e.g. {"reasoning_effort": "low"}
+  for gpt-oss on SGLang or vLLM); a field the client sets itself (`CLIENT_FIELDS`) is refused. Both are sent
+  only when non-empty: `transformers serve` answers 422 to a body with a field outside OpenAI's.
 - Low temperature (0 by default), a fixed `max_tokens`, and JSON-schema-constrained decoding when the format
   has a schema, in the first response-format dialect the server takes (`RESPONSE_FORMAT_DIALECTS`): OpenAI's
   `{"type": "json_schema", "json_schema": {...}}` (SGLang, vLLM, llama.cpp's llama-server), then
@@ -71,18 +77,44 @@ META_VERIFIER_FAILED = "meta_verifier_failed"  # the rejection of a criterion th
 UNLISTED_CATEGORY = "unlisted"  # an INVALID verdict that names none of the prompt's categories
 
 
+# The body fields the client sets itself (`ChatClient._payload`), which `extra_body` may not carry: its value
+# would silently replace the client's, or (stream) change the answer's shape.
+CLIENT_FIELDS = ("model", "messages", "temperature", "max_tokens", "max_completion_tokens", "seed",
+                 "response_format", "stream", "chat_template_kwargs")
+
+
+def check_request_options(chat_template_kwargs: Any, extra_body: Any, section: str) -> None:
+    """ValueError naming `section`'s key unless `chat_template_kwargs` maps template variable names (identifiers)
+    to values and `extra_body` maps field names to values, none of them a field the client sets (CLIENT_FIELDS)."""
+    if not isinstance(chat_template_kwargs, Mapping) or not all(
+            isinstance(k, str) and k.isidentifier() for k in chat_template_kwargs):
+        raise ValueError(f"{section}.chat_template_kwargs must map template variable names to values, got "
+                         f"{chat_template_kwargs!r}")
+    if not isinstance(extra_body, Mapping) or not all(isinstance(k, str) and k for k in extra_body):
+        raise ValueError(f"{section}.extra_body must map request field names to values, got {extra_body!r}")
+    for key in extra_body:
+        if key in CLIENT_FIELDS:
+            raise ValueError(f"{section}.extra_body.{key}: the client sets the request's {key} itself (extra_body "
+                             f"may carry none of {', '.join(CLIENT_FIELDS)}; the template's variables go in "
+                             f"{section}.chat_template_kwargs)")
+
+
 @dataclasses.dataclass(frozen=True)
 class ChatSettings:
-    """The sampling settings of every judge call: the served `model` name, `temperature` (0: greedy, the
-    papers' judges), `max_tokens` of the answer, an optional `seed`, and whether to send JSON schemas."""
+    """The settings of every call: the served `model` name, `temperature` (0: greedy, the papers' judges),
+    `max_tokens` of the answer, an optional `seed`, whether to send JSON schemas, and the request options
+    `chat_template_kwargs` and `extra_body` (module docstring)."""
 
     model: str
     temperature: float = 0.0
     max_tokens: int = 2048
     seed: Optional[int] = None
     json_schema: bool = True
+    chat_template_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    extra_body: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
+        check_request_options(self.chat_template_kwargs, self.extra_body, "ChatSettings")
         if not isinstance(self.model, str) or not self.model:
             raise ValueError(f"ChatSettings.model must be a non-empty str, got {self.model!r}")
         temperature = self.temperature
@@ -150,11 +182,14 @@ class ChatClient:
     def _payload(self, messages: Messages, schema: Optional[Mapping[str, Any]], seed: Optional[int] = None,
                  dialect: str = "none") -> dict:
         payload = {
+            **self.settings.extra_body,
             "model": self.settings.model,
             "messages": list(messages),
             "temperature": self.settings.temperature,
             "max_tokens": self.settings.max_tokens,
         }
+        if self.settings.chat_template_kwargs:
+            payload["chat_template_kwargs"] = dict(self.settings.chat_template_kwargs)
         seed = self.settings.seed if seed is None else seed
         if seed is not None:
             payload["seed"] = seed

@@ -24,6 +24,17 @@ For E examples and k = `samples_per_example` samples each (greedy when temperatu
   algorithm, and a comparison's evaluation of its SFT model and of every baseline go by, so all report the same
   analysis. Today SRaR contributes one (`algorithms.srar.analysis_metrics`: per-type scores and rates of typed
   rubrics, the looping rate and its four criteria, and, for a task with `step_labels`, step accuracy, FRR, MTR).
+
+Sampling is the eval section's (`EvalConfig.sampling_params`): temperature, top-p, SGLang's presence, frequency
+and repetition penalties, and its own `max_new_tokens` or else the caller's.
+
+Benchmarks (`EvalConfig.benchmarks`): `rubric_jax.benchmark.benchmark_tasks` reads each benchmark's rows once
+(training builds no task), `evaluate_benchmarks` evaluates them, each with its own sampling
+(`EvalConfig.for_benchmark`) and its preset's answer check as the judge, and reports the metrics above under
+"benchmark/<name>/" instead of "eval/": "benchmark/<name>/accuracy" (Avg@n, n = its samples_per_example),
+"benchmark/<name>/pass@n", "benchmark/<name>/response_length", the recipes' analyses (SRaR's looping rate on
+AIME 2025, ...). A benchmark has no rubric, so its rubric metrics are an empty rubric's (0), as `rubric-jax eval`
+reports them on a dataset without rubrics.
 """
 
 import math
@@ -35,7 +46,7 @@ import numpy as np
 from rubric_jax.algorithms.base import has_outcome, rubric_metrics
 from rubric_jax.algorithms.registry import eval_metrics_fn
 from rubric_jax.core import rewards
-from rubric_jax.inference.engine import RolloutEngine, SamplingParams
+from rubric_jax.inference.engine import RolloutEngine
 from rubric_jax.judges.base import Judge, JudgeRequest, Verdicts
 from rubric_jax.rubrics.schema import RubricArrays, rubric_arrays
 from rubric_jax.rubrics.steps import response_text, split_steps
@@ -58,7 +69,8 @@ def evaluate(
     on_judged: Optional[Callable[[Sequence[JudgeRequest], Verdicts], None]] = None,
 ) -> dict[str, float]:
     """The module docstring's metrics for `examples`, with the analyses of `recipes` and `task.eval_recipes`
-    (ValueError for a name no recipe is registered under).
+    (ValueError for a name no recipe is registered under), sampled as `config` says, up to `max_new_tokens`
+    tokens when `config` sets no budget of its own.
 
     `chunk_examples`: sample and judge that many examples at a time (None: all at once), chunk i sampled with seed
     `seed + i`, and `progress(n)` called after each chunk with its number of examples (a progress bar's update).
@@ -71,7 +83,7 @@ def evaluate(
     lengths, texts, owners, rubrics, parts = [], [], [], [], []
     for i, start in enumerate(range(0, len(examples), step)):
         chunk = examples[start:start + step]
-        params = SamplingParams(max_new_tokens=max_new_tokens, n=k, temperature=config.temperature, seed=seed + i)
+        params = config.sampling_params(max_new_tokens, seed + i)
         samples = engine.generate([task.prompt(e) for e in chunk], params)
         chunk_texts = [response_text(tokenizer, s.output_ids) for s in samples]
         chunk_owners = [chunk[s.prompt_index] for s in samples]
@@ -109,6 +121,27 @@ def evaluate(
         if analysis is not None:
             metrics.update({f"eval/{recipe}/{name}": value for name, value in analysis(
                 task, owners, texts, correct.reshape(-1), verdicts, rubrics).items()})
+    return metrics
+
+
+def evaluate_benchmarks(
+    engine: RolloutEngine,
+    tokenizer: Any,
+    benchmarks: dict[str, tuple[Any, list]],
+    config: EvalConfig,
+    *,
+    max_new_tokens: int,
+    seed: int,
+    recipes: Sequence[str] = (),
+) -> dict[str, float]:
+    """`evaluate` of each benchmark (name -> (task, examples), `rubric_jax.benchmark.benchmark_tasks`) with its own
+    sampling (`config.for_benchmark(name)`) and its task's answer check as the judge, the metrics keyed
+    "benchmark/<name>/..." for "eval/..."."""
+    metrics = {}
+    for name, (task, examples) in benchmarks.items():
+        found = evaluate(engine, tokenizer, task, task.judge(), examples, config.for_benchmark(name),
+                         max_new_tokens=max_new_tokens, seed=seed, recipes=recipes)
+        metrics.update({f"benchmark/{name}/{key.removeprefix('eval/')}": value for key, value in found.items()})
     return metrics
 
 

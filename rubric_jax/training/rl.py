@@ -88,7 +88,7 @@ from rubric_jax.rubrics.schema import Criterion, Rubric
 from rubric_jax.rubrics.steps import split_steps
 from rubric_jax.training import data_parallel, policy, runs
 from rubric_jax.training.runs import RunStopped
-from rubric_jax.training.evaluate import evaluate
+from rubric_jax.training.evaluate import evaluate, evaluate_benchmarks
 from rubric_jax.training.metrics import PhaseTimer
 from rubric_jax.training.optim import learning_rate_schedule, make_optimizer, schedule_mismatch
 from rubric_jax.training.run_config import (CriticConfig, JudgeConfig, MetaVerifierConfig, RLConfig,
@@ -307,10 +307,11 @@ def auth_headers(config: JudgeConfig | MetaVerifierConfig, section: str) -> dict
 
 
 def _chat_client(config: JudgeConfig | MetaVerifierConfig, seed: int, section: str) -> llm.ChatClient:
-    """The chat client of an LLM section of the config: its server, credentials, model, decoding and retry
-    policy."""
+    """The chat client of an LLM section of the config: its server, credentials, model, decoding, request options
+    and retry policy."""
     settings = llm.ChatSettings(model=config.model, temperature=config.temperature, max_tokens=config.max_tokens,
-                                seed=seed)
+                                seed=seed, chat_template_kwargs=config.chat_template_kwargs,
+                                extra_body=config.extra_body)
     return llm.chat_client(config.url, settings, seed=seed, headers=auth_headers(config, section),
                            max_in_flight=config.max_in_flight, max_attempts=config.max_attempts,
                            timeout_s=config.timeout_s)
@@ -647,14 +648,15 @@ def check_frozen_engine(algorithm: Any, config: RLConfig) -> None:
                          "rollout.frozen_sglang_url to a second SGLang server")
 
 
-def train_rl(config: RLConfig, task: Any, *, judge=None, model=None, tokenizer=None) -> dict[str, float]:
+def train_rl(config: RLConfig, task: Any, *, judge=None, model=None, tokenizer=None,
+             benchmarks: Optional[Mapping[str, tuple[Any, list]]] = None) -> dict[str, float]:
     """`_train_rl`, whose launch, refused before its first step completes (a prompt over the context, a server
     that stops answering), leaves output_dir as it found it (`runs.undo_failed_launch`)."""
     with runs.undo_failed_launch(Path(config.output_dir)):
-        return _train_rl(config, task, judge=judge, model=model, tokenizer=tokenizer)
+        return _train_rl(config, task, judge=judge, model=model, tokenizer=tokenizer, benchmarks=benchmarks or {})
 
 
-def _train_rl(config: RLConfig, task: Any, *, judge, model, tokenizer) -> dict[str, float]:
+def _train_rl(config: RLConfig, task: Any, *, judge, model, tokenizer, benchmarks) -> dict[str, float]:
     """Runs (or resumes) the RL run `config` on `task` (a `rubric_jax.data.tasks` task); the judge defaults to
     `config.judge`'s (`make_judge`: the task's own, or an LLM judge over HTTP, closed at the end), the model and
     tokenizer to `policy.build_policy(config.model)`; an LLM meta-verifier (`make_meta_verifier`, meta_verifier
@@ -663,8 +665,16 @@ def _train_rl(config: RLConfig, task: Any, *, judge, model, tokenizer) -> dict[s
     model/ and, with `rollout_log.every_steps`, the judged rollouts rollouts/step_<n>.jsonl under output_dir.
     Before writing anything it refuses (RunStopped, one line) a dataset row whose prompt the model cannot sample
     (`prompt_refusal`) and an LLM judge or meta-verifier whose server cannot do the work (`check_llm_roles`: one
-    real request each, its answer read by the role's parser)."""
+    real request each, its answer read by the role's parser).
+
+    `benchmarks`: name -> (task, examples) of each of `config.eval.benchmarks`
+    (`rubric_jax.benchmark.benchmark_tasks`, which `rubric-jax train` calls), evaluated with the held-out rows;
+    ValueError, before anything runs, when a run that evaluates is not given exactly the section's benchmarks."""
     sharding.maybe_initialize_distributed()  # a multi-process job (docs/multihost.md), before any computation
+    evaluated = set(config.eval.benchmarks) if config.eval.every_steps else set()
+    if set(benchmarks) != evaluated:
+        raise ValueError(f"eval.benchmarks names {sorted(evaluated)} but the run was given the benchmarks "
+                         f"{sorted(benchmarks)}: read them with rubric_jax.benchmark.benchmark_tasks")
     algorithm_config, config = resolve_algorithm(config)
     check_rubric_width(algorithm_config, task)
     algorithm = algorithm_class(config.algorithm.name)(algorithm_config)
@@ -836,6 +846,9 @@ def _train_rl(config: RLConfig, task: Any, *, judge, model, tokenizer) -> dict[s
                     metrics.update(evaluate(engine, tokenizer, task, judge, eval_examples, config.eval,
                                             max_new_tokens=rollout.max_new_tokens, seed=config.seed,
                                             recipes=(config.algorithm.name,), on_judged=shown))
+                    metrics.update(evaluate_benchmarks(engine, tokenizer, benchmarks, config.eval,
+                                                       max_new_tokens=rollout.max_new_tokens, seed=config.seed,
+                                                       recipes=(config.algorithm.name,)))
                 writer.write_samples(step + 1, samples_of(shown.records, shown.count), phase="eval")
             stopping = stop.stops_after(step, config.steps)
             if (step + 1) % config.checkpoint.every_steps == 0 or step + 1 == config.steps or stopping:

@@ -12,13 +12,15 @@ ValueErrors naming the full key.
 
 import dataclasses
 import math
+import re
 from typing import Any, Literal, Optional
 
 from rubric_jax.algorithms.base import StepShape
 from rubric_jax.algorithms.registry import algorithm_class
-from rubric_jax.judges.llm import check_credentials
+from rubric_jax.inference.engine import SamplingParams
+from rubric_jax.judges.llm import check_credentials, check_request_options
 from rubric_jax.training.optim import OptimizerConfig
-from rubric_jax.yaml_config import config_from_dict, config_to_dict
+from rubric_jax.yaml_config import config_from_dict, config_to_dict, merged
 
 
 def _require(ok: bool, message: str) -> None:
@@ -255,19 +257,77 @@ class MetricsConfig:
     plots: bool = True
 
 
+# The fields of the eval section that say how it samples, which a benchmark may set for itself.
+EVAL_SAMPLING_FIELDS = ("samples_per_example", "max_new_tokens", "temperature", "top_p", "presence_penalty",
+                        "frequency_penalty", "repetition_penalty")
+_BENCHMARK_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalBenchmark:
+    """One benchmark of the eval section (`EvalConfig.benchmarks`): the dataset preset `preset`
+    (`rubric_jax.data.presets`) over the file or directory `path` (its `split`), its first `num_examples` usable
+    rows in file order (null: all of them), scored by the preset's answer check alone: a benchmark measures
+    accuracy, not rubric satisfaction, so a rubric column is not read, and a preset without answers is refused
+    when the benchmark is read (`rubric_jax.benchmark.benchmark_tasks`, as `rubric-jax train` checks its task).
+    `params`: task "dataset" params over the preset's, for a copy laid out otherwise (e.g. {columns: {prompt:
+    problem}} for math-ai/aime25). Each sampling field (`EVAL_SAMPLING_FIELDS`) left null takes the eval
+    section's value."""
+
+    preset: str
+    path: str
+    split: str = "train"
+    num_examples: Optional[int] = None
+    params: dict = dataclasses.field(default_factory=dict)
+    samples_per_example: Optional[int] = None
+    max_new_tokens: Optional[int] = None
+    temperature: Optional[float] = None
+    top_p: Optional[float] = None
+    presence_penalty: Optional[float] = None
+    frequency_penalty: Optional[float] = None
+    repetition_penalty: Optional[float] = None
+
+    def __post_init__(self):
+        _require(bool(self.preset) and bool(self.path), "preset and path must name a dataset preset and its file")
+        _require(self.num_examples is None or self.num_examples >= 1,
+                 f"num_examples must be >= 1 or null (every row), got {self.num_examples}")
+
+    def task_params(self) -> dict[str, Any]:
+        """Task "dataset"'s params for this benchmark: `params` over the preset, the whole file held out, its
+        rubrics not read."""
+        return merged(self.params, {"preset": self.preset, "path": self.path, "split": self.split,
+                                    "eval_path": self.path, "columns": {"rubric": None}})
+
+
 @dataclasses.dataclass(frozen=True)
 class EvalConfig:
-    """Held-out evaluation: `num_examples` examples, `samples_per_example` samples each (avg@k and pass@k with
-    k = samples_per_example) at `temperature` (0: greedy, then k must be 1); every `every_steps` RL steps
+    """Held-out evaluation: `num_examples` examples, `samples_per_example` samples each (avg@k, the mean accuracy
+    over the k = samples_per_example samples of each example, and pass@k) at `temperature` (0: greedy, then k
+    must be 1) and `top_p`, with the `presence_penalty`, `frequency_penalty` and `repetition_penalty` of
+    `inference.engine.SamplingParams` (SGLang's, on the tokens each sample generates; none by default), up to
+    `max_new_tokens` tokens (null: the rollouts' `rollout.max_new_tokens` in a run); every `every_steps` RL steps
     (0: only where a command asks for it). `log_samples` (0: off): the first judged samples of each evaluation,
     to read (as `RolloutLogConfig.samples_per_step`'s, with phase "eval"; `rubric-jax eval` prints them and puts
-    them in its report)."""
+    them in its report).
+
+    `benchmarks`: name -> `EvalBenchmark`, evaluated at each of the run's evaluations after the held-out rows, each
+    with the section's sampling but for the fields it sets itself (`for_benchmark`), its metrics under
+    "benchmark/<name>/..." (`training.evaluate.evaluate_benchmarks`): e.g. SRaR's Avg@32 on AIME 2024 is
+    {aime24: {preset: aime24, path: ..., samples_per_example: 32}} and its metric "benchmark/aime24/accuracy".
+    Names are letters, digits, "_", "-" and "."; `rubric-jax train` reads the benchmarks' files with the task's,
+    before the run starts."""
 
     num_examples: int = 64
     samples_per_example: int = 1
     temperature: float = 0.0
     every_steps: int = 0
     log_samples: int = 2
+    max_new_tokens: Optional[int] = None
+    top_p: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    benchmarks: dict[str, EvalBenchmark] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
         _require(self.num_examples >= 1, f"num_examples must be >= 1, got {self.num_examples}")
@@ -277,6 +337,32 @@ class EvalConfig:
                  "greedy evaluation (temperature 0) gives one answer per example: samples_per_example must be 1")
         _require(self.every_steps >= 0, f"every_steps must be >= 0, got {self.every_steps}")
         _require(self.log_samples >= 0, f"log_samples must be >= 0 (0: off), got {self.log_samples}")
+        _require(self.max_new_tokens is None or self.max_new_tokens >= 1,
+                 f"max_new_tokens must be >= 1 or null (the rollouts'), got {self.max_new_tokens}")
+        self.sampling_params(max_new_tokens=1, seed=0)  # top_p and the penalties in SGLang's ranges
+        for name in self.benchmarks:
+            _require(_BENCHMARK_NAME.fullmatch(name) is not None,
+                     f"benchmarks: {name!r} is not a benchmark name (letters, digits, _ - . only)")
+            try:
+                self.for_benchmark(name)
+            except ValueError as error:
+                raise ValueError(f"benchmarks.{name}: {error}") from None
+
+    def for_benchmark(self, name: str) -> "EvalConfig":
+        """The section as benchmark `name` samples: the sampling fields it sets replace the section's (how many
+        of its rows are evaluated is the benchmark's own `num_examples`: `rubric_jax.benchmark.benchmark_tasks`)."""
+        benchmark = self.benchmarks[name]
+        own = {field: getattr(benchmark, field) for field in EVAL_SAMPLING_FIELDS
+               if getattr(benchmark, field) is not None}
+        return dataclasses.replace(self, benchmarks={}, **own)
+
+    def sampling_params(self, max_new_tokens: int, seed: int) -> SamplingParams:
+        """The sampling of one evaluation call: the section's, up to its own `max_new_tokens` or, when it sets
+        none, the caller's."""
+        return SamplingParams(max_new_tokens=self.max_new_tokens or max_new_tokens, n=self.samples_per_example,
+                              temperature=self.temperature, top_p=self.top_p, seed=seed,
+                              presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
+                              repetition_penalty=self.repetition_penalty)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -304,7 +390,8 @@ class RolloutLogConfig:
 def _check_chat_role(config: Any, section: str) -> None:
     """The checks an LLM role's section shares (`JudgeConfig`, `MetaVerifierConfig`): url and model exactly with
     kind llm, positive counts, a non-negative temperature and a positive timeout, an environment variable's name
-    for the key and string headers (the key itself never belongs in a config)."""
+    for the key and string headers (the key itself never belongs in a config), template variable names in
+    chat_template_kwargs and no field of the client's own in extra_body (`llm.check_request_options`)."""
     llm = config.kind == "llm"
     _require(llm == (config.url is not None) and llm == (config.model is not None),
              f"{section}.url and {section}.model are required by {section}.kind llm, and only by it")
@@ -313,6 +400,7 @@ def _check_chat_role(config: Any, section: str) -> None:
     _require(config.temperature >= 0 and config.timeout_s > 0,
              f"{section}.temperature must be >= 0, timeout_s > 0")
     check_credentials(config.api_key_env, config.headers, section)
+    check_request_options(config.chat_template_kwargs, config.extra_body, section)
 
 
 CRITERION_FORMATS = ("rating", "healthbench")  # the judge formats of one call per criterion
@@ -339,7 +427,15 @@ class JudgeConfig:
     and stops (exit 1, one line) when it does not answer, refuses the credentials or a `model` it does not list,
     or answers what does not parse in `format`; it stops the same way when "judge/failure_rate" (or the per-call
     "judge/call_failure_rate", when larger) exceeds `max_failure_rate` on `max_failing_steps` consecutive steps (a
-    run whose rewards are judge failures cannot learn). `max_failure_rate: 1.0` turns that off."""
+    run whose rewards are judge failures cannot learn). `max_failure_rate: 1.0` turns that off.
+
+    Request options (`judges.llm`, empty by default and then not sent): `chat_template_kwargs`, the chat
+    template's variables, sent as every request's `chat_template_kwargs` (SGLang, vLLM, llama.cpp's llama-server),
+    e.g. {enable_thinking: false} for a Qwen3 judge, which otherwise thinks first and can spend max_tokens before
+    it answers; `extra_body`, fields added to every request body as they are, e.g. {reasoning_effort: low} for
+    gpt-oss. A key of extra_body the client sets itself (model, messages, temperature, max_tokens, seed,
+    response_format, ...: `llm.CLIENT_FIELDS`) is refused here. `transformers serve` refuses a request with
+    either (422)."""
 
     kind: Literal["task", "llm"] = "task"
     url: Optional[str] = None
@@ -356,6 +452,8 @@ class JudgeConfig:
     max_failure_rate: float = 0.5
     max_failing_steps: int = 3
     failed_criterion: Literal["fail_rollout", "score_zero"] = "fail_rollout"
+    chat_template_kwargs: dict = dataclasses.field(default_factory=dict)
+    extra_body: dict = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
         _check_chat_role(self, "judge")
@@ -377,8 +475,9 @@ class MetaVerifierConfig:
     world), or "llm", an OpenAI-compatible chat server at `url` serving `model`, asked with Appendix C's prompt of
     `domain` ("medical": Table 6, "writing_science": Table 7), one call per proposed criterion
     (`judges.llm.LLMMetaVerifier`). The decoding (`temperature`, `max_tokens`), the HTTP fields
-    (`max_in_flight`, `max_attempts`, `timeout_s`) and the authentication (`api_key_env`, `headers`) are
-    `JudgeConfig`'s; its server gets a preflight request before step 1 as the judge's does."""
+    (`max_in_flight`, `max_attempts`, `timeout_s`), the authentication (`api_key_env`, `headers`) and the request
+    options (`chat_template_kwargs`, `extra_body`) are `JudgeConfig`'s; its server gets a preflight request
+    before step 1 as the judge's does."""
 
     kind: Literal["task", "llm"] = "task"
     url: Optional[str] = None
@@ -391,6 +490,8 @@ class MetaVerifierConfig:
     timeout_s: float = 600.0
     api_key_env: Optional[str] = None
     headers: dict = dataclasses.field(default_factory=dict)
+    chat_template_kwargs: dict = dataclasses.field(default_factory=dict)
+    extra_body: dict = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
         _check_chat_role(self, "meta_verifier")

@@ -386,6 +386,34 @@ def test_config_validation():
         synthesis.GeneratorConfig(url="u", model="m", api_key_env="KEY", headers={"authorization": "Bearer x"})
     with pytest.raises(ValueError, match="generator.headers must map header names to strings"):
         synthesis.GeneratorConfig(url="u", model="m", headers={"X-Team": 3})
+    with pytest.raises(ValueError, match="generator.extra_body.response_format: the client sets"):
+        synthesis.GeneratorConfig(url="u", model="m", extra_body={"response_format": {"type": "text"}})
+
+
+def test_the_generators_request_options_reach_its_client():
+    generator = synthesis.GeneratorConfig(url="http://127.0.0.1:9", model="m",
+                                          chat_template_kwargs={"enable_thinking": False},
+                                          extra_body={"reasoning_effort": "high"})
+    chat = synthesis.make_chat(generator, seed=0)
+    try:
+        assert chat.settings.chat_template_kwargs == {"enable_thinking": False}
+        assert chat.settings.extra_body == {"reasoning_effort": "high"}
+    finally:
+        chat.http.close()
+
+
+def test_a_manifest_from_before_the_request_options_resumes_unless_they_are_set(tmp_path):
+    url = "http://127.0.0.1:9"
+    synthesis.plan_synthesis(grounded_config(tmp_path, url))
+    manifest = tmp_path / synthesis.MANIFEST_FILE
+    written = json.loads(manifest.read_text())
+    for key in ("chat_template_kwargs", "extra_body"):
+        del written["generator"][key]
+    manifest.write_text(json.dumps(written))
+    synthesis.plan_synthesis(grounded_config(tmp_path, url))  # empty options = none: the same synthesis
+    manifest.write_text(json.dumps(written))
+    with pytest.raises(ValueError, match="differing: generator"):
+        synthesis.plan_synthesis(grounded_config(tmp_path, url, "generator.chat_template_kwargs={enable_thinking: false}"))
 
 
 def test_a_generator_key_unset_in_the_environment_is_refused_naming_the_variable(tmp_path, monkeypatch):

@@ -56,7 +56,8 @@ from tests.tiny_checkpoints import IM_END_ID, PAD_ID
 
 Responder = Callable[[list[dict[str, Any]]], str]
 
-_SAMPLING_KEYS = {"max_new_tokens", "n", "temperature", "top_p", "top_k", "stop", "stop_token_ids", "sampling_seed"}
+_SAMPLING_KEYS = {"max_new_tokens", "n", "temperature", "top_p", "top_k", "stop", "stop_token_ids", "sampling_seed",
+                  "presence_penalty", "frequency_penalty", "repetition_penalty"}
 _GENERATE_KEYS = {"input_ids", "text", "sampling_params", "return_logprob", "logprob_start_len", "extra_key", "rid",
                   "stream", "return_text_in_logprobs"}
 _RESPONSE_FORMATS = {"text", "json_object", "json_schema"}

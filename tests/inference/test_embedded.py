@@ -197,6 +197,124 @@ def test_inverse_cdf_sample_by_hand():
                                   [7, 7])
 
 
+# ---------------------------------------------------------------- presence, frequency and repetition penalties
+
+
+def numpy_penalized(logits_v: np.ndarray, counts_v: np.ndarray, presence: float, frequency: float,
+                    repetition: float) -> np.ndarray:
+    """SGLang's penalties token by token in float64 (`SamplingParams`): the additive ones, then CTRL's scaling,
+    for the tokens generated at least once."""
+    out = logits_v.astype(np.float64).copy()
+    for v, count in enumerate(counts_v):
+        if count > 0:
+            z = out[v] - presence - frequency * count
+            out[v] = z / repetition if z > 0 else z * repetition
+    return out
+
+
+def test_penalized_logits_by_hand():
+    """A 4-token vocabulary, counts (2, 1, 0, 1), presence 0.5, frequency 0.25, repetition 1.5, temperature 0.5.
+    The penalties come before the temperature, and turn the most likely token (0) into the second."""
+    logits = np.array([[2.0, -1.0, 1.0, 0.0], [2.0, -1.0, 1.0, 0.0]], np.float32)
+    counts = np.array([[2, 1, 0, 1], [0, 0, 0, 0]], np.int32)
+    penalized = np.asarray(embedded.penalized_logits(jnp.asarray(logits), jnp.asarray(counts), 0.5, 0.25, 1.5))
+    expected = [
+        (2.0 - 0.5 - 0.25 * 2) / 1.5,   # seen twice, still positive: divided by the repetition penalty (= 2/3)
+        (-1.0 - 0.5 - 0.25 * 1) * 1.5,  # negative: multiplied (= -2.625)
+        1.0,                            # never generated: unchanged
+        (0.0 - 0.5 - 0.25 * 1) * 1.5,   # 0 made negative by the additive penalties, then multiplied (= -1.125)
+    ]
+    np.testing.assert_allclose(penalized[0], expected, rtol=1e-6)
+    np.testing.assert_array_equal(penalized[1], logits[1])  # a row that has generated nothing
+    # The distribution sampled at temperature 0.5: exp(z / 0.5) normalised.
+    weights = np.exp(np.array([2 / 3, -2.625, 1.0, -1.125]) / 0.5)
+    expected_probs = weights / weights.sum()  # = (0.3283, 0.0005, 0.6396, 0.0317)
+    np.testing.assert_allclose(jax.nn.softmax(penalized[0] / 0.5), expected_probs, rtol=1e-5)
+    assert np.argmax(logits[0]) == 0 and np.argmax(penalized[0]) == 2
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_penalized_logits_equal_a_numpy_loop(seed):
+    rng = np.random.default_rng(seed)
+    logits = rng.normal(0, 3, (4, 50)).astype(np.float32)
+    counts = rng.integers(0, 4, (4, 50)) * (rng.random((4, 50)) < 0.4)
+    presence, frequency = rng.uniform(-2, 2, 2)
+    repetition = rng.uniform(0.5, 2)
+    got = np.asarray(embedded.penalized_logits(jnp.asarray(logits), jnp.asarray(counts, jnp.int32),
+                                               np.float32(presence), np.float32(frequency), np.float32(repetition)))
+    expected = np.stack([numpy_penalized(z, c, presence, frequency, repetition) for z, c in zip(logits, counts)])
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+
+PENALTIES = dict(presence_penalty=0.4, frequency_penalty=0.3, repetition_penalty=1.4)
+
+
+def penalized_reference(model: Decoder, prompt, output_ids, temperature: float, penalties: dict):
+    """Per response token: (the penalised logits given the tokens before it, without a cache, from counts of the
+    response's earlier tokens) and log_softmax(those / temperature) at the token."""
+    logits_tv = reference(model, list(prompt) + list(output_ids))[0][len(prompt) - 1:-1]
+    counts_v = np.zeros(logits_tv.shape[1], np.int64)
+    rows, logps = [], []
+    for logits_v, token in zip(logits_tv, output_ids):
+        z = numpy_penalized(logits_v, counts_v, penalties["presence_penalty"], penalties["frequency_penalty"],
+                            penalties["repetition_penalty"])
+        rows.append(z)
+        logps.append(jax.nn.log_softmax(z / temperature)[token])
+        counts_v[token] += 1
+    return np.array(rows), np.array(logps)
+
+
+def test_greedy_with_penalties_equals_step_by_step_penalised_argmax(qwen3):
+    samples = EmbeddedEngine(qwen3, eos_token_ids=()).generate(PROMPTS, greedy(**PENALTIES))
+    for prompt, sample in zip(PROMPTS, samples):
+        logits_tv, logps = penalized_reference(qwen3, prompt, sample.output_ids, 1.0, PENALTIES)
+        assert list(sample.output_ids) == [int(np.argmax(z)) for z in logits_tv]
+        np.testing.assert_allclose(sample.logprobs, logps, **LOGP_TOL)
+    assert samples != EmbeddedEngine(qwen3, eos_token_ids=()).generate(PROMPTS, greedy())  # the penalties bite
+
+
+def test_sampled_logprobs_with_penalties_are_the_penalised_softmax(qwen3):
+    """Rollout logprobs under penalties are SGLang's: of the penalised, tempered distribution, not the learner's."""
+    params = SamplingParams(max_new_tokens=NUM_NEW, n=2, temperature=0.7, top_p=0.8, seed=4, **PENALTIES)
+    for sample in EmbeddedEngine(qwen3, eos_token_ids=()).generate(PROMPTS[:2], params):
+        prompt = PROMPTS[sample.prompt_index]
+        np.testing.assert_allclose(sample.logprobs, penalized_reference(qwen3, prompt, sample.output_ids, 0.7,
+                                                                        PENALTIES)[1], **LOGP_TOL)
+
+
+def test_a_large_presence_penalty_under_greedy_never_repeats_a_token(tiny_qwen3_dir):
+    """A presence penalty larger than the spread of every step's logits puts each generated token below every
+    token not yet generated. The fixture's logits spread over more than 2 (the tied model repeats the last token
+    by a margin of ~4), so the final norm is scaled down further to bring the spread under SGLang's largest
+    penalty, 2."""
+    model = load_hf_checkpoint(tiny_qwen3_dir)
+    model.norm.scale[...] = model.norm.scale[...] * FLAT_SCALE / 8
+    engine = EmbeddedEngine(model, eos_token_ids=())
+    plain = engine.generate(PROMPTS, greedy(max_new_tokens=16))
+    assert all(len(set(s.output_ids)) < len(s.output_ids) for s in plain)  # greedy decoding repeats itself
+    for prompt, sample in zip(PROMPTS, engine.generate(PROMPTS, greedy(max_new_tokens=16, presence_penalty=2.0))):
+        logits_tv = reference(model, list(prompt) + list(sample.output_ids))[0][len(prompt) - 1:]
+        assert np.max(logits_tv.max(-1) - logits_tv.min(-1)) < 2.0  # "large": above the spread
+        assert len(set(sample.output_ids)) == len(sample.output_ids) == 16
+
+
+def test_token_counts_are_allocated_only_with_penalties(qwen3):
+    """The sampler traced without penalties holds no int32 [rows, V] array; with them, it does."""
+    graphdef, state = nnx.split(qwen3)
+    rows, vocab = 4, qwen3.config.vocab_size
+    args = (state, np.zeros((rows, 16), np.int32), np.ones((rows, 16), bool), np.full(rows, 16, np.int32),
+            np.arange(rows, dtype=np.int32), np.full(8, -1, np.int32), np.uint32(0), np.float32(1.0), np.int32(-1),
+            np.float32(1.0))
+
+    def traced(penalties):
+        generate = functools.partial(embedded._generate, graphdef, max_steps=16, mode=embedded.SAMPLE)
+        return str(jax.make_jaxpr(generate)(*args, penalties))
+
+    counts = f"i32[{rows},{vocab}]"
+    assert counts not in traced(None)
+    assert counts in traced((np.float32(1.5), np.float32(0.0), np.float32(1.0)))
+
+
 # ---------------------------------------------------------------- stop handling (SGLang's conventions)
 
 

@@ -51,6 +51,13 @@ def test_sampling_params_defaults_and_normalisation():
         (dict(stop_token_ids=("2",)), "stop_token_ids"),
         (dict(stop_token_ids=(True,)), "stop_token_ids"),
         (dict(seed=1.5), "seed"),
+        (dict(presence_penalty=2.5), "presence_penalty"),
+        (dict(presence_penalty=float("nan")), "presence_penalty"),
+        (dict(frequency_penalty=-2.01), "frequency_penalty"),
+        (dict(frequency_penalty=True), "frequency_penalty"),
+        (dict(repetition_penalty=0.0), "repetition_penalty"),
+        (dict(repetition_penalty=2.5), "repetition_penalty"),
+        (dict(repetition_penalty="1.2"), "repetition_penalty"),
     ],
 )
 def test_sampling_params_reject_bad_values_naming_the_field(kwargs, field):
@@ -65,6 +72,12 @@ def test_to_sglang():
                           stop_token_ids=(2,), seed=7)
     assert full.to_sglang() == dict(max_new_tokens=3, n=4, temperature=0.0, top_p=0.9, top_k=20, stop=["a"],
                                     stop_token_ids=[2], sampling_seed=7)
+    # Penalties go only when they differ from SGLang's defaults; the range ends are SGLang's and accepted.
+    edges = SamplingParams(max_new_tokens=1, presence_penalty=-2, frequency_penalty=2.0, repetition_penalty=2)
+    assert edges.penalized and edges.to_sglang() == dict(
+        max_new_tokens=1, n=1, temperature=1.0, top_p=1.0, top_k=-1, presence_penalty=-2.0,
+        frequency_penalty=2.0, repetition_penalty=2.0)
+    assert not SamplingParams(max_new_tokens=1, presence_penalty=0, repetition_penalty=1).penalized
 
 
 # ---------------------------------------------------------------- Sample, prompts, staleness

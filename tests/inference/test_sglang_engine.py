@@ -93,6 +93,10 @@ def test_generate_payload_is_sglangs_batched_request():
     }
     plain = generate_payload([[1]], SamplingParams(max_new_tokens=2))
     assert "extra_key" not in plain and "stop_token_ids" not in plain["sampling_params"]
+    penalized = generate_payload([[1]], SamplingParams(max_new_tokens=2, presence_penalty=1.5,
+                                                       repetition_penalty=1.1))
+    assert penalized["sampling_params"] == {"max_new_tokens": 2, "n": 1, "temperature": 1.0, "top_p": 1.0,
+                                            "top_k": -1, "presence_penalty": 1.5, "repetition_penalty": 1.1}
 
 
 def test_parse_generate_response_hand_written():
@@ -224,6 +228,8 @@ def make_engine(server, tmp_path=None, **kwargs):
     GREEDY,
     SamplingParams(max_new_tokens=8, n=2, temperature=1.0, top_k=20, seed=5),
     SamplingParams(max_new_tokens=8, n=1, temperature=0.0, stop=("!",)),
+    SamplingParams(max_new_tokens=8, n=2, temperature=0.7, top_p=0.8, presence_penalty=1.5, seed=2),
+    SamplingParams(max_new_tokens=8, n=1, temperature=0.0, frequency_penalty=0.5, repetition_penalty=1.3),
 ])
 def test_round_trip_equals_the_embedded_engine(embedded_standin, params):
     with make_engine(embedded_standin, max_prompts_per_request=len(PROMPTS)) as engine:

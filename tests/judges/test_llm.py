@@ -12,6 +12,7 @@ from rubric_jax.inference.http import JsonHttpClient, MalformedResponse, RetryPo
 from rubric_jax.judges.base import ANSWER_CHARS, JudgeRequest
 from rubric_jax.judges.llm import (
     CHAT_PATH,
+    CLIENT_FIELDS,
     META_VERIFIER_FAILED,
     REQUEST_FAILED,
     TRUNCATED,
@@ -380,6 +381,38 @@ def test_settings_validation():
                 dict(model="m", max_tokens=0)):
         with pytest.raises(ValueError):
             ChatSettings(**bad)
+    for field in CLIENT_FIELDS:
+        with pytest.raises(ValueError, match=f"^ChatSettings.extra_body.{field}: the client sets"):
+            ChatSettings(model="m", extra_body={"top_k": 20, field: 1})
+    with pytest.raises(ValueError, match="^ChatSettings.chat_template_kwargs must map template variable names"):
+        ChatSettings(model="m", chat_template_kwargs={"enable-thinking": False})
+    with pytest.raises(ValueError, match="^ChatSettings.extra_body must map"):
+        ChatSettings(model="m", extra_body=[("top_k", 20)])
+
+
+def test_request_options_go_in_every_request_only_when_set(server, make_judge, make_meta_verifier):
+    """A Qwen3 judge asked not to think (RGR-GRPO's), gpt-oss's reasoning effort: in every call of a per-criterion
+    judge and of the meta-verifier, beside the client's own fields; a judge without options sends neither."""
+    options = dict(chat_template_kwargs={"enable_thinking": False}, extra_body={"reasoning_effort": "low", "top_k": 1})
+    server.responder = lambda messages: '{"rating": 1}'
+    judge = make_judge(server, CriterionLLMJudge, rating_format(), max_tokens=1024, **options)
+    assert not judge.judge([JudgeRequest(question="q", response="r", rubric=RGR_RUBRIC)], max_items=3).failed_b.any()
+    assert len(server.chat_requests) == 3
+    for body in server.chat_requests:
+        assert body["chat_template_kwargs"] == {"enable_thinking": False}
+        assert (body["reasoning_effort"], body["top_k"]) == ("low", 1)
+        assert (body["model"], body["temperature"], body["max_tokens"]) == ("judge", 0.0, 1024)
+        assert body["response_format"]["type"] == "json_schema" and body["messages"][-1]["role"] == "user"
+    server.chat_requests.clear()
+    server.responder = lambda messages: '{"verdict": "VALID"}'
+    verifier = make_meta_verifier(server, **options)
+    verifier.verify(meta_requests()[:1])
+    assert [b["chat_template_kwargs"] for b in server.chat_requests] == [{"enable_thinking": False}] * 2
+    assert all(b["reasoning_effort"] == "low" for b in server.chat_requests)
+    server.chat_requests.clear()
+    server.responder = lambda messages: srar_answer([(True, 1)] * 3)
+    make_judge(server, RolloutLLMJudge, srar_format()).judge([srar_request("x")], max_items=3)
+    assert not {"chat_template_kwargs", "reasoning_effort", "top_k"} & set(server.chat_requests[0])
 
 
 def test_async_judging_from_a_running_loop(server, make_judge):

@@ -1,6 +1,7 @@
 """Held-out evaluation: the recipes' analyses come through the registry, for the recipes the caller names and those
 the task names (`eval_recipes`), and evaluate itself knows no recipe; HealthBench's score and its per-tag
-breakdowns by hand; a chunked evaluation equals the whole one."""
+breakdowns by hand; a chunked evaluation equals the whole one; the eval section's sampling reaches the engine;
+benchmarks with their own sampling, Avg@n and pass@n by hand, in a run's evaluations."""
 
 import math
 
@@ -10,11 +11,11 @@ import pytest
 from rubric_jax.algorithms import registry, srar
 from rubric_jax.data import arithmetic
 from rubric_jax.data.tasks import build_task
-from rubric_jax.inference.engine import Sample
+from rubric_jax.inference.engine import Sample, SamplingParams
 from rubric_jax.judges.base import Judge, RolloutVerdict, Verdicts
 from rubric_jax.rubrics.schema import RubricArrays
-from rubric_jax.training.evaluate import clipped_mean, evaluate, points_scores
-from rubric_jax.training.run_config import EvalConfig
+from rubric_jax.training.evaluate import clipped_mean, evaluate, evaluate_benchmarks, points_scores
+from rubric_jax.training.run_config import EvalBenchmark, EvalConfig
 from tests.data.dataset_fixtures import fixture_path
 
 
@@ -175,3 +176,82 @@ def test_the_judges_failures_are_reported_with_the_scores():
     metrics = evaluate(TextEngine(task.tokenizer()), task.tokenizer(), task, FailsOnFirst(), examples, EvalConfig(),
                        max_new_tokens=8, seed=0)
     assert metrics["eval/judge/failure_rate"] == 0.5 and metrics["eval/judge/failed/no_json"] == 1
+
+
+# ---------------------------------------------------------------- sampling and benchmarks
+
+
+class AnswersByIndex:
+    """Answers sample j of every prompt with answers[j] (cycling), recording each call's SamplingParams."""
+
+    def __init__(self, tokenizer, answers):
+        self.ids = [tuple(tokenizer.encode(text, add_special_tokens=False)) for text in answers]
+        self.params = []
+
+    def generate(self, prompts, params):
+        self.params.append(params)
+        chosen = [self.ids[j % len(self.ids)] for _ in prompts for j in range(params.n)]
+        return [Sample(prompt_index=i // params.n, output_ids=ids, logprobs=(0.0,) * len(ids), finish_reason="stop",
+                       matched_stop=None, weight_version="scripted") for i, ids in enumerate(chosen)]
+
+
+def test_the_held_out_rows_are_sampled_with_the_sections_settings():
+    task = build_task("arithmetic", {}, 0)
+    tokenizer = arithmetic.build_tokenizer()
+    engine = AnswersByIndex(tokenizer, ["x"])
+    sampling = dict(temperature=0.7, top_p=0.8, presence_penalty=1.5, frequency_penalty=0.1, repetition_penalty=1.2)
+    evaluate(engine, tokenizer, task, task.judge(), task.eval_examples(2), EvalConfig(**sampling), max_new_tokens=64,
+             seed=5)
+    evaluate(engine, tokenizer, task, task.judge(), task.eval_examples(2), EvalConfig(max_new_tokens=100),
+             max_new_tokens=64, seed=5)
+    assert engine.params == [SamplingParams(max_new_tokens=64, n=1, seed=5, **sampling),  # the caller's budget
+                             SamplingParams(max_new_tokens=100, n=1, temperature=0.0, seed=5)]  # the section's
+
+
+AIME24 = str(fixture_path("aime24"))  # two problems, answers 204 and 113
+
+
+def test_benchmarks_sample_as_they_say_and_report_under_their_names():
+    """AIME 2024 at Avg@4, its own budget, the rest inherited: samples 0-2 of each problem answer 204, sample 3
+    answers 113, so problem 1 (204) gets 3 of 4 right, problem 2 (113) 1 of 4. Avg@4 = (3/4 + 1/4) / 2 = 0.5,
+    pass@4 = (1 + 1) / 2 = 1. The same file as a greedy benchmark: one sample each, 204 both times: 1/2."""
+    from rubric_jax.benchmark import benchmark_tasks  # noqa: PLC0415  (the benchmarks' reader lies above training)
+
+    config = EvalConfig(temperature=0.7, top_p=0.8, presence_penalty=1.5, max_new_tokens=100, benchmarks={
+        "aime24": EvalBenchmark(preset="aime24", path=AIME24, samples_per_example=4, max_new_tokens=200),
+        "aime24_greedy": EvalBenchmark(preset="aime24", path=AIME24, temperature=0.0)})
+    benchmarks = benchmark_tasks(config, seed=0)
+    task = benchmarks["aime24"][0]
+    assert [e.answer for e in benchmarks["aime24"][1]] == ["204", "113"]
+    engine = AnswersByIndex(task.tokenizer(), ["\\boxed{204}"] * 3 + ["\\boxed{113}"])
+    metrics = evaluate_benchmarks(engine, task.tokenizer(), benchmarks, config, max_new_tokens=16, seed=0)
+    assert metrics["benchmark/aime24/accuracy"] == (3 / 4 + 1 / 4) / 2
+    assert metrics["benchmark/aime24/pass@4"] == 1.0
+    assert metrics["benchmark/aime24_greedy/accuracy"] == metrics["benchmark/aime24_greedy/pass@1"] == 1 / 2
+    assert not any(key.startswith("eval/") for key in metrics)
+    assert engine.params == [
+        SamplingParams(max_new_tokens=200, n=4, temperature=0.7, top_p=0.8, presence_penalty=1.5, seed=0),
+        SamplingParams(max_new_tokens=100, n=1, temperature=0.0, top_p=0.8, presence_penalty=1.5, seed=0)]
+
+
+def test_a_run_evaluates_its_benchmarks_with_its_held_out_rows(tmp_path):
+    from rubric_jax.benchmark import benchmark_tasks
+    from rubric_jax.training.metrics import read_metrics
+    from rubric_jax.training.rl import train_rl
+    from tests.training.test_rl import tiny_rl_config
+    from tests.training.toy_task import toy_task
+
+    short = tmp_path / "short.jsonl"  # preset aime25's columns, problems short enough for the tiny model
+    short.write_text('{"question": "1 + 1 = ?", "answer": "2"}\n{"question": "2 + 3 = ?", "answer": "5"}\n')
+    eval_config = EvalConfig(num_examples=2, every_steps=1, benchmarks={
+        "short": EvalBenchmark(preset="aime25", path=str(short), samples_per_example=2, temperature=1.0,
+                               max_new_tokens=8)})
+    config = tiny_rl_config(tmp_path, eval=eval_config)
+    with pytest.raises(ValueError, match=r"names \['short'\] but the run was given the benchmarks \[\]"):
+        train_rl(config, toy_task())  # a caller that did not read them: refused before anything is written
+    assert not (tmp_path / "run").exists()
+    train_rl(config, toy_task(), benchmarks=benchmark_tasks(eval_config, seed=config.seed))
+    line = read_metrics(tmp_path / "run" / "metrics.jsonl")[0]
+    assert "eval/accuracy" in line and "eval/pass@1" in line
+    assert 0 <= line["benchmark/short/accuracy"] <= line["benchmark/short/pass@2"] <= 1
+    assert 0 < line["benchmark/short/response_length"] <= 8

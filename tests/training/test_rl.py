@@ -236,6 +236,23 @@ def test_meta_verifier_config_is_validated_and_built():
         verifier.close()
 
 
+def test_llm_roles_carry_their_request_options():
+    from rubric_jax.training.rl import make_judge, make_meta_verifier
+
+    options = dict(chat_template_kwargs={"enable_thinking": False}, extra_body={"reasoning_effort": "low"})
+    judge = make_judge(JudgeConfig(kind="llm", url="http://127.0.0.1:9", model="Qwen/Qwen3-32B", format="rating",
+                                   **options), task=None, seed=0)
+    verifier = make_meta_verifier(MetaVerifierConfig(kind="llm", url="http://127.0.0.1:9", model="m", **options),
+                                  seed=0)
+    try:
+        for role in (judge, verifier):
+            assert role.chat.settings.chat_template_kwargs == {"enable_thinking": False}
+            assert role.chat.settings.extra_body == {"reasoning_effort": "low"}
+    finally:
+        judge.close()
+        verifier.close()
+
+
 def test_a_prompt_cap_truncates_every_prompt_over_it_and_logs_the_count(tmp_path):
     """The toy task's prompts have 39 to 45 tokens: with a cap of 30 every one of the 2 prompts per step is cut
     to its last 30 tokens (which keep the assistant header), and the step trains on them."""
