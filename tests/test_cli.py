@@ -111,7 +111,9 @@ def test_eval_on_dataset_presets_writes_json_and_markdown(tmp_path, capsys):
     assert cli.main(["eval", model, "--dataset", str(tmp_path / "rl.yaml"), "--max-new-tokens", "8",
                      "--output", str(tmp_path / "run.json")]) == 0
     metrics = json.loads((tmp_path / "run.json").read_text())
-    assert metrics["eval/accuracy"] in (0.0, 1.0) and len([k for k in metrics if k.startswith("eval/tag/")]) == 2
+    # MATH500 has answers, no rubrics: its subject tag's accuracy, and no rubric score of 0.
+    assert metrics["eval/accuracy"] in (0.0, 1.0) and [k for k in metrics if k.startswith("eval/tag/")] == [
+        "eval/tag/Prealgebra/accuracy"] and "eval/rubric_score" not in metrics
 
 
 # ---------------------------------------------------------------- bad input: one line, status 2, no traceback
@@ -287,7 +289,7 @@ TINY_RL = ["configs/rar_arithmetic.yaml", "model.path=null",
 def test_an_unexpected_runtime_error_is_one_line_and_debug_shows_the_traceback(tmp_path, monkeypatch, capsys):
     from rubric_jax.training import rl
 
-    def broken(config, task):
+    def broken(config, task, **_):
         raise RuntimeError("the accelerator\nwent away")
 
     monkeypatch.setattr(rl, "train_rl", broken)
@@ -302,7 +304,7 @@ def test_an_unexpected_runtime_error_is_one_line_and_debug_shows_the_traceback(t
 def test_ctrl_c_outside_the_training_loop_is_one_line_and_exit_130(tmp_path, monkeypatch, capsys):
     from rubric_jax.training import rl
 
-    def interrupted(config, task):
+    def interrupted(config, task, **_):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(rl, "train_rl", interrupted)

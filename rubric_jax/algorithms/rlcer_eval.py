@@ -15,6 +15,7 @@ world's codes: "+3 S1", the lines its rubricator writes) and its text otherwise 
 criteria).
 """
 
+import dataclasses
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -42,8 +43,7 @@ def hint_messages(messages: Sequence[dict[str, str]], rubric: Rubric) -> list[di
 
 
 def _seeded(params: SamplingParams, seed: int, stream: int) -> SamplingParams:
-    return SamplingParams(max_new_tokens=params.max_new_tokens, n=params.n, temperature=params.temperature,
-                          seed=int(np.random.SeedSequence((seed, stream)).generate_state(1)[0] >> 1))
+    return dataclasses.replace(params, seed=int(np.random.SeedSequence((seed, stream)).generate_state(1)[0] >> 1))
 
 
 def _correct(engine: RolloutEngine, tokenizer: Any, task: Any, prompts, examples, params: SamplingParams):

@@ -8,7 +8,8 @@ For E examples and k = `samples_per_example` samples each (greedy when temperatu
 - "eval/rubric_score": the mean over samples of the weighted fraction of the rubric satisfied
   (`core.rewards.weighted_fraction` of `typed_item_credit`: a typed rubric's PITFALL item counts when avoided;
   judge failures count 0), and "eval/rubric/<name>" or "eval/rubric/tag/<tag>" per criterion
-  (`algorithms.base.criterion_metric_keys`);
+  (`algorithms.base.criterion_metric_keys`); none when no example has a rubric (a dataset without rubrics, a
+  benchmark): a constant 0 would read as a policy that meets nothing;
 - "eval/points_score" (rubrics with signed points only, e.g. HealthBench): the HealthBench score, points of the
   met criteria, penalties included, over the positive points, its mean over samples clipped to [0, 1];
 - "eval/tag/<tag>/..." and "eval/item_tag/<tag>/points_score": per-tag breakdowns (`tag_metrics`) for
@@ -33,8 +34,7 @@ Benchmarks (`EvalConfig.benchmarks`): `rubric_jax.benchmark.benchmark_tasks` rea
 (`EvalConfig.for_benchmark`) and its preset's answer check as the judge, and reports the metrics above under
 "benchmark/<name>/" instead of "eval/": "benchmark/<name>/accuracy" (Avg@n, n = its samples_per_example),
 "benchmark/<name>/pass@n", "benchmark/<name>/response_length", the recipes' analyses (SRaR's looping rate on
-AIME 2025, ...). A benchmark has no rubric, so its rubric metrics are an empty rubric's (0), as `rubric-jax eval`
-reports them on a dataset without rubrics.
+AIME 2025, ...). A benchmark has no rubric, so it reports no rubric metrics.
 """
 
 import math
@@ -109,12 +109,14 @@ def evaluate(
     metrics = {}
     if outcome:
         metrics.update({"eval/accuracy": float(correct.mean()), f"eval/pass@{k}": float(correct.any(axis=1).mean())})
-    metrics.update({"eval/rubric_score": float(scores.mean()), "eval/response_length": float(np.mean(lengths))})
+    if max_items:
+        metrics["eval/rubric_score"] = float(scores.mean())
+    metrics["eval/response_length"] = float(np.mean(lengths))
     signed = bool((items.item_mask_bk & (items.item_weight_bk < 0)).any())
     if signed:
         metrics["eval/points_score"] = clipped_mean(points_scores(verdicts, items, items.item_mask_bk))
-    metrics.update(tag_metrics(owners, correct.reshape(-1) if outcome else None, scores, verdicts, items, rubrics,
-                               signed))
+    metrics.update(tag_metrics(owners, correct.reshape(-1) if outcome else None, scores if max_items else None,
+                               verdicts, items, rubrics, signed))
     metrics.update({f"eval/{name}": value for name, value in rubric_metrics(verdicts, rubrics, task).items()})
     for recipe in dict.fromkeys((*recipes, *getattr(task, "eval_recipes", ()))):
         analysis = eval_metrics_fn(recipe)
@@ -162,12 +164,12 @@ def clipped_mean(values: np.ndarray) -> float:
     return float(np.clip(values.mean(), 0.0, 1.0)) if values.size else math.nan
 
 
-def tag_metrics(owners: Sequence[Any], correct_s: Optional[np.ndarray], rubric_scores_s: np.ndarray,
+def tag_metrics(owners: Sequence[Any], correct_s: Optional[np.ndarray], rubric_scores_s: Optional[np.ndarray],
                 verdicts: Verdicts, items: RubricArrays, rubrics: Sequence[Any], signed: bool) -> dict[str, float]:
     """Per-tag breakdowns, for tasks whose examples or criteria carry tags (a dataset task's `tags` column,
     HealthBench's "theme:..." and "axis:..."):
     - "eval/tag/<tag>/accuracy" (unless `correct_s` is None: a task without outcome answers), ".../rubric_score"
-      (and ".../points_score" for signed rubrics): the samples of the examples with that tag;
+      (unless `rubric_scores_s` is None: examples without rubrics) (and ".../points_score" for signed rubrics): the samples of the examples with that tag;
     - "eval/item_tag/<tag>/points_score": each sample scored on only the criteria with that tag (HealthBench's
       rubric-level tags), over the samples whose tagged criteria have positive points, mean clipped to [0, 1]."""
     metrics: dict[str, float] = {}
@@ -177,7 +179,8 @@ def tag_metrics(owners: Sequence[Any], correct_s: Optional[np.ndarray], rubric_s
         rows = np.array([tag in tags for tags in example_tags])
         if correct_s is not None:
             metrics[f"eval/tag/{tag}/accuracy"] = float(correct_s[rows].mean())
-        metrics[f"eval/tag/{tag}/rubric_score"] = float(rubric_scores_s[rows].mean())
+        if rubric_scores_s is not None:
+            metrics[f"eval/tag/{tag}/rubric_score"] = float(rubric_scores_s[rows].mean())
         if points is not None:
             metrics[f"eval/tag/{tag}/points_score"] = clipped_mean(points[rows])
     item_tags = sorted({t for rubric in rubrics for c in rubric.criteria for t in c.tags})

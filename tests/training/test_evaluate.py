@@ -229,6 +229,7 @@ def test_benchmarks_sample_as_they_say_and_report_under_their_names():
     assert metrics["benchmark/aime24/pass@4"] == 1.0
     assert metrics["benchmark/aime24_greedy/accuracy"] == metrics["benchmark/aime24_greedy/pass@1"] == 1 / 2
     assert not any(key.startswith("eval/") for key in metrics)
+    assert not any("rubric" in key for key in metrics)  # no rubric: no rubric score, rather than a constant 0
     assert engine.params == [
         SamplingParams(max_new_tokens=200, n=4, temperature=0.7, top_p=0.8, presence_penalty=1.5, seed=0),
         SamplingParams(max_new_tokens=100, n=1, temperature=0.0, top_p=0.8, presence_penalty=1.5, seed=0)]
