@@ -7,10 +7,9 @@ Algorithm 1, for each training step (G = sampling.n responses per prompt):
   3.     sample G responses to the step-format prompt             base.sample_groups
          (the task's prompt, or Appendix 7.3's format prompt)     rubrics.prompts.step_format_prompt
   6.     r_base = (1 - lambda) r_acc + lambda r_fmt               core.rewards.srar_base_reward
-         r_acc by `accuracy`: "task" task.is_correct (math-verify   has_step_format
-         for the math presets), "boxed_string" the authors'        boxed_string_correct
-         string-normalised last box against the gold answer;
-         r_fmt = a step header and a box
+         r_acc by `accuracy`: "task" task.is_correct (math-verify for the math presets), or "boxed_string"
+         the authors' string-normalised last box = the gold answer  boxed_string_correct
+         r_fmt = a step header and a box                          has_step_format
   7.     each token's step from the tokenizer's offset mapping     rubrics.steps.response_step_ids
          and each response's step count from its headers          rubrics.steps.step_spans
   8.     step-attributed judging of the typed rubric              base.judge_rollouts
