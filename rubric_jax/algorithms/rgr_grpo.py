@@ -23,8 +23,12 @@ For each step (G = sampling.n rollouts per prompt; Algorithm 1 of Appendix B):
      refinement's tokens -f(p) A, f(p) = p / (p + gamma) (eq 11), f(p)   core.losses.clip_off_policy_weight
      optionally clipped to [off_min_clip, off_max_clip] (LUFFY's clips,  (off by default)
      not in the paper); no KL;
-     minus entropy_coeff * entropy (section 3: 0.01); summed over each   core.losses.subtract_entropy_bonus
-     response's tokens and averaged over responses (eq 10's 1/G sum_i sum_t: seq_mean_token_sum)
+     summed over each response's tokens and averaged over responses
+     (eq 10's 1/G sum_i sum_t: seq_mean_token_sum); minus               core.losses.subtract_entropy_bonus
+     entropy_coeff (section 3: 0.01) times the token mean of the         core.aggregation.token_mean_weights
+     entropy over the batch's response tokens (LUFFY's masked_mean;
+     entropy_aggregation "as_loss": aggregated like the loss, as
+     verl's agg_loss with the loss's mode)
 
 The paper's ablations (Table 2) are switches: refine=False is Rubric-GRPO (every rollout on-policy, the rest
 unchanged); exploration_assessment=False refines every group, solved or not ("w/o EA"); shaping=False trains o_G
@@ -77,6 +81,11 @@ class RGRGRPOConfig:
     """max_items: rubric width K. criteria: "all" or "factual" (ablation). refine / exploration_assessment /
     shaping: the ablation switches (module docstring); the last two act on refined rollouts, so they must keep
     their defaults when refine is off. gamma: the shaping constant (0.1). entropy_coeff: the entropy bonus (0.01).
+    entropy_aggregation: "token_mean" (default: coeff times the token-mean entropy over the (mini-)batch's response
+    tokens, LUFFY's `masked_mean(entropy)`, on whose actor the paper's off-policy term is built) or "as_loss" (each
+    token's bonus aggregated with the loss, `aggregation` / `norm_constant`, as verl's later `agg_loss(entropy,
+    loss_agg_mode)`; with seq_mean_token_sum_norm it weighs (batch tokens) / (sequences x norm_constant) times
+    the token mean: 0.2 for responses of 1024 tokens under the paper's 5120).
     length_coef / target_length: lambda and L* of the length penalty in tokens (1e-4, 2000). scale_by_std / eps:
     GRPO's std scaling (off in the paper) and its epsilon. on_judge_failure: "zero_reward" or "exclude".
     aggregation / norm_constant: the loss aggregation (`base.PolicyLossConfig`). off_max_clip / off_min_clip:
@@ -94,6 +103,7 @@ class RGRGRPOConfig:
     shaping: bool = True
     gamma: float = 0.1
     entropy_coeff: float = 0.01
+    entropy_aggregation: Literal["token_mean", "as_loss"] = "token_mean"
     length_coef: float = 1e-4
     target_length: float = 2000.0
     scale_by_std: bool = False
@@ -218,9 +228,11 @@ class RGRGRPO(base.Algorithm):
         "shaped_prob" (f(p) on shaped tokens after the off-policy clips, 0 elsewhere): divide the last two by their
         rows' share of the tokens for their means over those tokens; with an off-policy clip set, also
         "off_clipped_high" / "off_clipped_low" (tokens at that bound; divide likewise by "off_policy_tokens" for
-        LUFFY's off_ratio_max_clip_frac / off_ratio_min_clip_frac)."""
+        LUFFY's off_ratio_max_clip_frac / off_ratio_min_clip_frac). With an entropy bonus aggregated as a token
+        mean, the batch must hold the train step's `train_step.TOKEN_MEAN_WEIGHTS`."""
         config = self.config
         gamma, coeff, shaping = config.gamma, config.entropy_coeff, config.shaping
+        token_mean_entropy = config.entropy_aggregation == "token_mean" and coeff > 0
 
         def loss_fn(logp_bt, entropy_bt, batch):
             mask_bt = batch["response_mask_bt"]
@@ -229,6 +241,8 @@ class RGRGRPO(base.Algorithm):
                 logp_bt, batch["old_logp_bt"], batch["advantages_bt"], mask_bt,
                 off_policy_b if shaping else jnp.zeros_like(off_policy_b), gamma=gamma,
                 off_max_clip=config.off_max_clip, off_min_clip=config.off_min_clip)
+            if token_mean_entropy:
+                entropy_bt = entropy_bt * batch[train_step.TOKEN_MEAN_WEIGHTS]
             loss_bt = losses.subtract_entropy_bonus(loss_bt, entropy_bt, mask_bt, coeff=coeff)
             metrics = {"off_policy_tokens": mask_bt & off_policy_b[:, None], "on_policy_ratio": info.ratio_bt,
                        "shaped_prob": info.shaped_prob_bt}

@@ -15,6 +15,10 @@ For each step (G = sampling.n responses per prompt; section 3, Algorithm 1):
      leaves its group and the loss
   5. A_i = (r_i - b_i) / (s_i + eps), b_i and s_i the mean and   core.advantages.loo_std_advantages
      sample std of the other G - 1 rewards (eqs 4-6)
+     readings of eq 5's "group standard deviation" s_i:
+     std_over "others" (the other G - 1 rewards; std_ddof 1
+     sample, NeMo-RL's, or 0 population) or "group" (all G          scale_by_group_std of
+     rewards of the prompt)                                          rloo_advantages
      ablations: the group-mean baseline (GRPO), no std scaling   grpo_ / rloo_ / dr_grpo_advantages
   6. optional dynamic sampling (Appendix C): a group whose       core.rubric_validity.dapo_group_filter,
      rewards tie takes no part in the loss; "resample" (the       base.dynamic_groups
@@ -51,10 +55,14 @@ class RubricGroundedConfig:
     """max_items: rubric width K (the longest rubric must fit); on_judge_failure: "zero_reward" (the paper's) or
     "exclude"; baseline: "loo" (eqs 4-6) or "group_mean" (GRPO's, with the rollout itself in the mean);
     scale_by_std: divide by the (leave-one-out or group) std, the paper's "reward normalization"; std_ddof / eps:
-    that std (1: sample std) and its epsilon; dynamic_sampling: step 6, "off" (false), "mask" (true) or
-    "resample", with max_num_gen_batches (0: no cap) and gen_batch_prompts (None: prompts_per_step) for "resample"
-    only (`base.dynamic_groups`); truncation: "none", "scale" (reward times truncation_factor in [0, 1]) or "mask"
-    (step 4). The policy loss defaults to the paper's: PPO clip 0.2, k3 KL with coefficient 0.01, token mean."""
+    that std (1: sample std) and its epsilon; std_over: which rewards the leave-one-out baseline's std is taken
+    over, "others" (the other G - 1: NeMo-RL's `calculate_baseline_and_std_per_prompt`, on which the paper ran,
+    so the default) or "group" (all G rewards of the prompt, the other reading of eq 5's "group standard
+    deviation"); it needs baseline "loo" and scale_by_std. dynamic_sampling: step 6, "off" (false), "mask" (true)
+    or "resample", with max_num_gen_batches (0: no cap) and gen_batch_prompts (None: prompts_per_step) for
+    "resample" only (`base.dynamic_groups`); truncation: "none", "scale" (reward times truncation_factor in
+    [0, 1]) or "mask" (step 4). The policy loss defaults to the paper's: PPO clip 0.2, k3 KL with coefficient
+    0.01, token mean."""
 
     policy_loss: base.PolicyLossConfig = base.PolicyLossConfig(kl_coef=0.01, kl_estimator="k3")
     max_items: int = 16
@@ -63,6 +71,7 @@ class RubricGroundedConfig:
     scale_by_std: bool = True
     std_ddof: int = 1
     eps: float = 1e-6
+    std_over: Literal["others", "group"] = "others"
     dynamic_sampling: base.DynamicSampling = "off"
     max_num_gen_batches: int = 0
     gen_batch_prompts: Optional[int] = None
@@ -78,6 +87,10 @@ class RubricGroundedConfig:
             raise ValueError(f"std_ddof must be 0 or 1, got {self.std_ddof}")
         if not self.eps >= 0:
             raise ValueError(f"eps must be >= 0, got {self.eps}")
+        if self.std_over == "group" and not (self.baseline == "loo" and self.scale_by_std):
+            raise ValueError("std_over chooses the std that divides the leave-one-out advantage: std_over group needs "
+                             f"baseline loo and scale_by_std true, got baseline {self.baseline}, scale_by_std "
+                             f"{self.scale_by_std}")
         if not 0 <= self.truncation_factor <= 1:
             raise ValueError(f"truncation_factor must be in [0, 1], got {self.truncation_factor}")
 
@@ -87,7 +100,9 @@ def grounded_advantages(reward_b: np.ndarray, group_ids: np.ndarray, valid_b: np
     """Step 5: the advantage estimator `config` names, over the valid rows; [B], 0 on the others."""
     r, ids, valid = jnp.asarray(reward_b), jnp.asarray(group_ids), jnp.asarray(valid_b)
     std = dict(std_ddof=config.std_ddof, eps=config.eps)
-    if config.baseline == "loo":
+    if config.baseline == "loo" and config.scale_by_std and config.std_over == "group":
+        estimate = advantages.scale_by_group_std(advantages.rloo_advantages(r, ids, valid), r, ids, valid, **std)
+    elif config.baseline == "loo":
         estimate = (advantages.loo_std_advantages(r, ids, valid, **std) if config.scale_by_std
                     else advantages.rloo_advantages(r, ids, valid))
     else:

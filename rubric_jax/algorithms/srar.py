@@ -7,15 +7,18 @@ Algorithm 1, for each training step (G = sampling.n responses per prompt):
   3.     sample G responses to the step-format prompt             base.sample_groups
          (the task's prompt, or Appendix 7.3's format prompt)     rubrics.prompts.step_format_prompt
   6.     r_base = (1 - lambda) r_acc + lambda r_fmt               core.rewards.srar_base_reward
-         r_acc = task.is_correct, r_fmt = a step header and a box  has_step_format
+         r_acc by `accuracy`: "task" task.is_correct (math-verify for the math presets), or "boxed_string"
+         the authors' string-normalised last box = the gold answer  boxed_string_correct
+         r_fmt = a step header and a box                          has_step_format
   7.     each token's step from the tokenizer's offset mapping     rubrics.steps.response_step_ids
          and each response's step count from its headers          rubrics.steps.step_spans
   8.     step-attributed judging of the typed rubric              base.judge_rollouts
   9.     d[k, i] = sum of the budgeted deltas of step k's items   core.srar.srar_item_deltas, srar_step_rewards
          (eq 3: +R_SUG / N_SUG, -|R_PIT| / N_PIT, +R_BON / N_BON per satisfied item; ANSWER items carry none)
   11-13. d_bar[k, i] = (d[k, i] - mean_Gk) / (std_Gk + eps)       core.srar.srar_step_normalize
-         over G_k, the group's rollouts with a delta at step k (any k the judge wrote, as the authors' code);
-         0 when |G_k| <= 1 or std_Gk <= eps
+         over G_k (any k the judge wrote, as the authors' code), by `step_groups`: "authors" the group's
+         rollouts with a delta at step k (their code, the default); "paper" those with any item attributed to
+         k (eq 4, line 12; core.srar.srar_attributed_items); 0 when |G_k| <= 1 or std_Gk <= eps
   16.    A_base = (r_base - mean_g) / (std_g + eps)              core.advantages.grpo_advantages
   15,17. A[t] = A_base + d_bar[0] + d_bar[step of t]              core.srar.srar_token_offsets
          (step 0 is the whole response; tokens outside every step get A_base + d_bar[0]; the d_bar of a step
@@ -69,6 +72,7 @@ from rubric_jax.algorithms.registry import register
 from rubric_jax.core import advantages, rewards, srar
 from rubric_jax.core.rewards import ANSWER, BONUS, PITFALL, SUGGEST, TypedBudgets
 from rubric_jax.judges.base import Verdicts
+from rubric_jax.judges.outcome import extract_boxed
 from rubric_jax.rubrics import prompts
 from rubric_jax.rubrics.parsing import FailurePolicy
 from rubric_jax.rubrics.schema import ItemKind, Rubric, RubricArrays, rubric_arrays
@@ -100,7 +104,14 @@ class SRaRConfig:
     docstring). dynamic_sampling: drop the groups of uniform accuracy (module docstring, line 20): "off" (false),
     "mask" (true) or "resample", with max_num_gen_batches (0: no cap) and gen_batch_prompts (None: prompts_per_step)
     for "resample" only (`base.dynamic_groups`). on_judge_failure: "zero_reward" or "exclude". std_ddof / eps: of
-    both normalisations."""
+    both normalisations.
+    step_groups: who is in G_k for eq 4's normalisation, "authors" (the rollouts with a delta-bearing item at k:
+    their `compute_rubric_deltas`, from which their numbers come, so the default) or "paper" (the rollouts with
+    any item attributed to k, eq 4 and Algorithm 1 line 12 as written); it acts on the decoupled advantage's
+    step normalisation only, so "paper" needs advantage "decoupled" and step_normalization on.
+    accuracy: r_acc, "task" (`Task.is_correct`: math-verify equivalence of the last box for the math presets, the
+    default, as before) or "boxed_string" (`boxed_string_correct`, the authors' `compute_score_boxed`; needs a
+    task with `gold_answer(example)`). Training's r_acc only: evaluation keeps the task's check."""
 
     policy_loss: base.PolicyLossConfig = base.PolicyLossConfig(
         loss="dual_clip", eps_low=0.2, eps_high=0.28, clip_ratio_c=10.0)
@@ -117,6 +128,8 @@ class SRaRConfig:
     on_judge_failure: Literal["zero_reward", "exclude"] = "zero_reward"
     std_ddof: int = 1
     eps: float = 1e-6
+    step_groups: Literal["authors", "paper"] = "authors"
+    accuracy: Literal["task", "boxed_string"] = "task"
 
     def __post_init__(self):
         object.__setattr__(self, "dynamic_sampling", base.dynamic_sampling_mode(self.dynamic_sampling))
@@ -132,6 +145,11 @@ class SRaRConfig:
             raise ValueError("step_normalization=False ablates the decoupled advantage's step offsets; the "
                              f"{self.advantage} advantage has none (it GRPO-normalises one scalar), so it needs "
                              "step_normalization=True")
+        if self.step_groups == "paper" and not (self.advantage == "decoupled" and self.step_normalization):
+            raise ValueError("step_groups decides who is in G_k for the decoupled advantage's step normalisation "
+                             "(eq 4); with advantage "
+                             f"{self.advantage} and step_normalization {self.step_normalization} there is none, so "
+                             "step_groups paper would change nothing: keep step_groups authors")
         if self.std_ddof not in (0, 1):
             raise ValueError(f"std_ddof must be 0 or 1, got {self.std_ddof}")
         if not self.eps >= 0:
@@ -145,6 +163,37 @@ def has_step_format(text: str) -> bool:
     r"""SRaR's format reward r_fmt (eq 6; the authors' code): the response has a `### Step N:` header
     (`rubrics.steps.split_steps`, outside fenced code) and a `\boxed{`."""
     return bool(split_steps(text)) and "\\boxed{" in text
+
+
+_TEXT_WRAPPERS = (re.compile(r"\\text\{(.*?)\}"), re.compile(r"\\textbf\{(.*?)\}"), re.compile(r"\\boxed\{(.*?)\}"))
+_BRACELESS_FRACTION = re.compile(r"\\frac([^{])(.)")
+
+
+def normalize_boxed_string(answer: str) -> str:
+    r"""The SRaR authors' answer normalisation (`reward_manager.py:normalize_answer`): strip; delete every comma,
+    space and `$`; unwrap the first `}` of each `	ext{...}`, then `	extbf{...}`, then `oxed{...}`; rewrite
+    `rac` followed by two characters, the first not `{`, as `frac{a}{b}`; strip.
+
+    Transcribed with its quirks, which are what the authors' accuracy measured: the rewritten fraction loses its
+    backslash (`rac12` -> `frac{1}{2}`, never equal to `rac{1}{2}`), commas go even inside tuples
+    (`1,2` -> `12`), and a nested brace ends an unwrapped group early (`	ext{a{b}c}` -> `a{bc}`)."""
+    answer = answer.strip()
+    for character in (",", " ", "$"):
+        answer = answer.replace(character, "")
+    for wrapper in _TEXT_WRAPPERS:
+        answer = wrapper.sub(r"\1", answer)
+    return _BRACELESS_FRACTION.sub(r"frac{\1}{\2}", answer).strip()
+
+
+def boxed_string_correct(response: str, gold: str) -> bool:
+    r"""SRaR's r_acc as the authors computed it (`compute_score_boxed`): the last box's content and the gold answer,
+    each `normalize_boxed_string`-ed, are equal strings, and the box's is not empty. The box is read as everywhere
+    here (`judges.outcome.extract_boxed`: the last `oxed{`, braces balanced, None when it never closes); the
+    authors' reader differs only on `box{`, `oxed {` (not read by theirs) and escaped braces (counted by
+    theirs). No math-verify: `rac12` and `0.5` differ, `1,000` and `1000` agree."""
+    boxed = extract_boxed(response)
+    answer = normalize_boxed_string(boxed) if boxed is not None else ""
+    return bool(answer) and answer == normalize_boxed_string(gold)
 
 
 def rollout_steps(rollouts: base.Rollouts, tokenizer: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -186,15 +235,18 @@ def decoupled_advantages(
     valid_b: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Algorithm 1, lines 9-17: (A [B, T], the rubric offset r_tilde [B, T]) with A = A_base + r_tilde on the
-    response tokens of valid rollouts, 0 elsewhere; r_tilde uses d_bar, or the raw d without step normalisation."""
+    response tokens of valid rollouts, 0 elsewhere; r_tilde uses d_bar over the step groups of
+    `config.step_groups`, or the raw d without step normalisation."""
     group_ids, valid = jnp.asarray(group_ids), jnp.asarray(valid_b)
     token_mask = jnp.asarray(response_mask_bt) & valid[:, None]
     outcome_b = advantages.grpo_advantages(
         jnp.asarray(base_b), group_ids, valid, std_ddof=config.std_ddof, eps=config.eps)
-    delta_bk, carries_bk = srar.srar_item_deltas(
+    delta_bk, members_bk = srar.srar_item_deltas(
         jnp.asarray(verdicts.satisfied_bk), jnp.asarray(items.item_kind_bk), jnp.asarray(items.item_mask_bk),
         config.budgets)
-    step_rewards = srar.srar_step_rewards(delta_bk, carries_bk, jnp.asarray(verdicts.item_step_bk))
+    if config.step_groups == "paper":
+        members_bk = srar.srar_attributed_items(jnp.asarray(items.item_mask_bk), jnp.asarray(~verdicts.failed_b))
+    step_rewards = srar.srar_step_rewards(delta_bk, members_bk, jnp.asarray(verdicts.item_step_bk))
     if config.step_normalization:
         step_offsets = srar.srar_step_normalize(
             step_rewards, group_ids, valid, std_ddof=config.std_ddof, eps=config.eps)
@@ -412,8 +464,18 @@ class SRaR(base.Algorithm):
         rollouts = base.sample_groups([self._prompt(context.task, e) for e in examples], context, step,
                                       gen_batch=gen_batch)
         owners = [examples[s.prompt_index] for s in rollouts.samples]
-        correct_b = np.array([context.task.is_correct(t, e) for t, e in zip(rollouts.texts, owners)], bool)
+        correct_b = np.array([self._is_correct(context.task, t, e) for t, e in zip(rollouts.texts, owners)], bool)
         return base.GroupBatch(examples=examples, rollouts=rollouts, correct_b=correct_b)
+
+    def _is_correct(self, task: Any, text: str, example: Any) -> bool:
+        """r_acc of `config.accuracy` (SRaRConfig)."""
+        if self.config.accuracy == "task":
+            return task.is_correct(text, example)
+        if not hasattr(task, "gold_answer"):
+            raise ValueError(f"algorithm.params.accuracy boxed_string compares the box with the gold answer, and "
+                             f"task {type(task).__name__} has no gold_answer(example): use accuracy task")
+        gold = task.gold_answer(example)
+        return gold is not None and boxed_string_correct(text, gold)
 
     def experience(self, examples: Sequence[Any], context: base.RolloutContext, step: int) -> base.Experience:
         config = self.config

@@ -19,7 +19,7 @@ Conventions shared by every mode (verl's names):
   fraction such as 2048.5); otherwise each part's denominator is rounded to float32 once.
 """
 
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import chex
 import jax
@@ -115,6 +115,27 @@ def token_sum_norm(loss_bt: jax.Array, mask_bt: jax.Array, *, norm_constant: flo
         raise ValueError(f"norm_constant must be > 0, got {norm_constant}")
     sums_b, _ = _row_sums(loss_bt, mask_bt)
     return LossTerms(jnp.sum(sums_b), jnp.asarray(sums_b.shape[0] * norm_constant, sums_b.dtype))
+
+
+def token_mean_weights(aggregate: Callable[[jax.Array, jax.Array], LossTerms], mask_bt: jax.Array) -> jax.Array:
+    """Per-token weights w [B, T] under which `aggregate` of a weighted per-token term is that term's token mean:
+    finalize(*aggregate(w * x, mask_bt)) = finalize(*token_mean(x, mask_bt)) for every x [B, T].
+
+    For a term that must be token-averaged over the whole batch whatever the loss's mode (LUFFY's entropy bonus,
+    coeff times the masked mean of the entropy; RGR-GRPO section 3): add w * x to the per-token
+    loss. Every mode of this module is linear in the token losses, loss_sum = sum a_bt x_bt with a_bt a function
+    of the token's own row's mask (1, or 1 / the row's valid-token count); so w = D / (N a) with D the batch's
+    denominator and N its valid-token count, and weights computed once over the whole batch serve each of its
+    micro-batches and shards, whose pairs then add up to D / N * sum x over D. 0 on masked tokens and for an
+    all-masked batch. `aggregate` is a mode of this module (norm_constant bound), a is its gradient at 0.
+    """
+    chex.assert_rank(mask_bt, 2)
+    zeros_bt = jnp.zeros(mask_bt.shape, jnp.float32)
+    coefficient_bt = jax.grad(lambda x_bt: aggregate(x_bt, mask_bt).loss_sum)(zeros_bt)
+    denominator = aggregate(zeros_bt, mask_bt).denominator
+    count = token_mean(zeros_bt, mask_bt).denominator
+    live_bt = mask_bt.astype(bool) & (coefficient_bt > 0)
+    return jnp.where(live_bt, denominator / jnp.where(live_bt, count * coefficient_bt, 1), 0)
 
 
 def finalize(loss_sum: jax.Array, denominator: jax.Array) -> jax.Array:

@@ -412,7 +412,9 @@ def subtract_entropy_bonus(
 
     `entropy_bt` is the policy's per-token entropy from the model layer; the gradient flows through it.
     Aggregation is linear, so aggregating the result with any mode equals subtracting coeff times the
-    entropy aggregated with that same mode, the way verl applies it.
+    entropy aggregated with that same mode, the way verl's `agg_loss(entropy, loss_agg_mode)` applies it; with
+    `entropy_bt` times `aggregation.token_mean_weights` it is coeff times the token-mean entropy whatever the
+    mode (LUFFY's and early verl's `masked_mean(entropy)`).
     """
     _check_tokens(loss_bt, entropy_bt, mask_bt)
     mask_bt = mask_bt.astype(bool)

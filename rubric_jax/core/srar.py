@@ -12,13 +12,17 @@ Arrays for one batch of B rollouts answering prompts with K rubric items each:
 
 Conventions, transcribing the authors' code (github akarinmoe/SRaR, `recipe/SRaR/reward_manager.py:
 compute_rubric_deltas` and `srar_advantage.py:compute_srar_advantage`; REFERENCE.md section 2):
-- Only satisfied SUGGEST / PITFALL / BONUS items carry a delta (eq 3). ANSWER items and unsatisfied items carry
-  none and do not make a rollout a member of a step group; a judge failure (every item "not satisfied") takes
-  the rollout out of every step group. N_type counts every existing item of the type in the rollout's rubric,
-  whatever its step.
+- Only satisfied SUGGEST / PITFALL / BONUS items carry a delta (eq 3); ANSWER items and unsatisfied items carry
+  none. N_type counts every existing item of the type in the rollout's rubric, whatever its step.
+- Step groups, two readings. The authors' (`srar_item_deltas`'s second output, the default of the recipe): only a
+  delta-bearing item makes its rollout a member of its step's group, so a judge failure (every item "not
+  satisfied") takes the rollout out of every step group. The paper's (eq 4, Algorithm 1 line 12, Proposition
+  20.2; `srar_attributed_items`): G_k holds the rollouts whose judge output has at least one item attributed to
+  k, satisfied or not, of any type; such a rollout's d[k] is the sum of its deltas at k, 0 when none is
+  satisfied. `srar_step_rewards` takes either as its member items.
 - d[b, k] sums the deltas of rollout b's items attributed to k, for every k the judge wrote (line 9), and is
-  normalised over G_k, the rollouts of b's prompt that have a delta at k (eq 4), whatever k is: -1, 0, a step
-  the response has, or one it does not have (k > num_steps_b, or k < -1).
+  normalised over G_k (eq 4), whatever k is: -1, 0, a step the response has, or one it does not have
+  (k > num_steps_b, or k < -1).
 - Token placement of d_bar[b, k] (eq 5): k = 0 every response token; 1 <= k <= num_steps_b the tokens of step k
   (none for an empty step); k = -1 no token; any other k every response token (the authors' fallback). The
   placements add up: a token of step k receives d_bar[k] + d_bar[0] + the d_bar of every fallback step.
@@ -40,8 +44,9 @@ from rubric_jax.core.segments import dense_segment_ids, rows_mask, segment_stats
 
 class StepValues(NamedTuple):
     """One value per (rollout b, attributed step k), [B, K] arrays shaped like the items: `value_bk` on the
-    first delta-bearing item of b attributed to k (`holds_bk`), 0 on every other item (`srar_token_offsets`
-    relies on it); `step_bk` the items' steps. `holds_bk` row b, step k: rollout b is in G_k."""
+    first member item of b attributed to k (`holds_bk`; `srar_step_rewards`), 0 on every other item
+    (`srar_token_offsets` relies on it); `step_bk` the items' steps. `holds_bk` row b, step k: rollout b is in
+    G_k."""
 
     value_bk: jax.Array
     holds_bk: jax.Array
@@ -58,7 +63,8 @@ def srar_item_deltas(
 
     delta_j = +R_SUG / N_SUG, -|R_PIT| / N_PIT, +R_BON / N_BON for a satisfied item of that type, else 0, where
     N_type counts the rollout's existing items of that type. Returns (delta_bk float32, carries_delta_bk bool):
-    the second marks satisfied, existing SUGGEST / PITFALL / BONUS items (the items that place a rollout in G_k).
+    the second marks satisfied, existing SUGGEST / PITFALL / BONUS items (the items that place a rollout in G_k
+    under the authors' rule).
     """
     chex.assert_rank([satisfied_bk, item_type_bk, item_mask_bk], 2)
     chex.assert_equal_shape([satisfied_bk, item_type_bk, item_mask_bk])
@@ -88,17 +94,37 @@ def srar_rubric_total(
     return srar_item_deltas(satisfied_bk, item_type_bk, item_mask_bk, budgets)[0].sum(axis=1)
 
 
-def srar_step_rewards(delta_bk: jax.Array, carries_delta_bk: jax.Array, item_step_bk: jax.Array) -> StepValues:
+def srar_attributed_items(item_mask_bk: jax.Array, judged_b: jax.Array) -> jax.Array:
+    """The paper's step-group members (SRaR eq 4, Algorithm 1 line 12, Proposition 20.2): G_k is "the set of
+    rollouts whose judge evaluation contains at least one rubric item attributed to step k", so every existing
+    item of a judged rollout places it in its step's group, satisfied or not, of any type (ANSWER and untyped
+    items included). [B, K] bool, for `srar_step_rewards`.
+
+    A failed judgement (`judged_b` False) has no evaluation: its items (all "not satisfied", at step -1, by
+    `judges.base`'s convention) place it in no group, as under the authors' rule (`srar_item_deltas`).
+    """
+    chex.assert_rank([item_mask_bk, judged_b], [2, 1])
+    chex.assert_equal_shape_prefix([item_mask_bk, judged_b], 1)
+    return item_mask_bk.astype(bool) & judged_b.astype(bool)[:, None]
+
+
+def srar_step_rewards(delta_bk: jax.Array, member_items_bk: jax.Array, item_step_bk: jax.Array) -> StepValues:
     """Per-step raw rubric reward d[b, k] = sum of rollout b's deltas attributed to step k (Algorithm 1, line 9;
-    the authors' `step_deltas[step] += delta`), for every step value k, as StepValues."""
-    chex.assert_rank([delta_bk, carries_delta_bk, item_step_bk], 2)
-    chex.assert_equal_shape([delta_bk, carries_delta_bk, item_step_bk])
-    carries = carries_delta_bk.astype(bool)
-    same_step_bij = (item_step_bk[:, :, None] == item_step_bk[:, None, :]) & carries[:, None, :]
+    the authors' `step_deltas[step] += delta`), for every step value k of a member item, as StepValues.
+
+    `member_items_bk` [B, K] bool marks the items that place their rollout in their step's group G_k: the
+    delta-bearing items (`srar_item_deltas`'s second output, the authors' rule) or every item of a judged
+    rollout (`srar_attributed_items`, the paper's). `delta_bk` must be 0 off the delta-bearing items (as
+    `srar_item_deltas` returns it), so a member step without one holds d = 0.
+    """
+    chex.assert_rank([delta_bk, member_items_bk, item_step_bk], 2)
+    chex.assert_equal_shape([delta_bk, member_items_bk, item_step_bk])
+    members = member_items_bk.astype(bool)
+    same_step_bij = (item_step_bk[:, :, None] == item_step_bk[:, None, :]) & members[:, None, :]
     reward_bk = jnp.einsum("bij,bj->bi", same_step_bij.astype(jnp.float32), delta_bk.astype(jnp.float32))
     num_items = item_step_bk.shape[1]
     earlier_ij = jnp.arange(num_items)[None, :] < jnp.arange(num_items)[:, None]
-    holds_bk = carries & ~jnp.any(same_step_bij & earlier_ij, axis=2)
+    holds_bk = members & ~jnp.any(same_step_bij & earlier_ij, axis=2)
     return StepValues(value_bk=jnp.where(holds_bk, reward_bk, 0.0), holds_bk=holds_bk, step_bk=item_step_bk)
 
 
@@ -179,7 +205,8 @@ def srar_advantages(
     """The decoupled SRaR advantage (eq 6, Algorithm 1): GRPO advantage of r_base on every response token plus
     the step-normalised rubric offsets placed on the token. Returns [B, T] float32, 0 for masked rollouts.
 
-    `base_rewards` [B] is r_base = (1 - lambda) r_acc + lambda r_fmt (`rubric_jax.core.rewards`).
+    `base_rewards` [B] is r_base = (1 - lambda) r_acc + lambda r_fmt (`rubric_jax.core.rewards`). Step groups by
+    the authors' rule (module docstring); the paper's is `srar_step_rewards` on `srar_attributed_items`.
     """
     valid = rows_mask(mask, base_rewards.shape[0])
     token_mask = response_mask_bt.astype(bool) & valid[:, None]

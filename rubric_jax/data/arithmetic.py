@@ -452,6 +452,10 @@ class ArithmeticTask:
     def is_correct(self, response: str, example: Problem) -> bool:
         return is_correct(response, example)
 
+    def gold_answer(self, example: Problem) -> str:
+        """The answer as a decimal integer string."""
+        return str(example.answer)
+
     def solution(self, example: Problem) -> str:
         return solution_text(example)
 

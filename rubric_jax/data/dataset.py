@@ -662,6 +662,11 @@ class DatasetTask:
         answer = math_answer(response)
         return answer is not None and equivalence_status(answer, example.answer) == EQUIVALENT
 
+    def gold_answer(self, example: Record) -> Optional[str]:
+        """The answer column as written (a letter for multiple choice), None when the row has none: what a
+        string-matching accuracy compares with (SRaR's `accuracy: boxed_string`)."""
+        return example.answer
+
     # What the trainer needs besides.
     def solution(self, example: Record) -> str:
         if example.reference is None:

@@ -21,7 +21,11 @@ aggregation mode, up to float summation order (`core.aggregation`). Token-mean m
 (sum, count) pairs.
 
 Batch: a dict of [B, ...] arrays. The step reads "tokens_bt", "positions_bt", "attention_mask_bt" and
-"response_mask_bt"; everything else ("old_logp_bt", "advantages_bt", "ref_logp_bt", ...) is for `loss_fn`.
+"response_mask_bt"; everything else ("old_logp_bt", "advantages_bt", "ref_logp_bt", ...) is for `loss_fn`. The
+step adds TOKEN_MEAN_WEIGHTS, `aggregation.token_mean_weights` of the whole (mini-)batch under the step's
+aggregation, before dealing micro-batches: a per-token term times these weights, added to the loss, contributes
+its token mean over the whole batch's response tokens whatever the aggregation and the micro-batching (an
+entropy bonus as LUFFY aggregates it).
 Per-token arrays are aligned with the target tokens, as `logprobs.sequence_logprobs` returns them (and as a
 rollout engine reports logprobs). B must be divisible by micro_batches * data * fsdp.
 """
@@ -49,6 +53,7 @@ WeightsFn = Callable[[jax.Array, jax.Array, jax.Array], jax.Array]
 ForwardLossFn = Callable[[nnx.Module, Batch], tuple[jax.Array, TokenMetrics]]
 
 POLICY_INPUTS = ("tokens_bt", "positions_bt", "attention_mask_bt", "response_mask_bt")
+TOKEN_MEAN_WEIGHTS = "token_mean_weights_bt"  # added by the update step (module docstring)
 
 
 def ratio_loss(core_loss: Callable[..., tuple[jax.Array, Any]], **hyperparameters) -> TokenLossFn:
@@ -241,6 +246,7 @@ def make_update_step(
         mask_bt = batch["response_mask_bt"]
         denominator = aggregate(jnp.zeros(mask_bt.shape, jnp.float32), mask_bt).denominator
         scale = aggregation.finalize(jnp.ones((), denominator.dtype), denominator)
+        batch = {**batch, TOKEN_MEAN_WEIGHTS: aggregation.token_mean_weights(aggregate, mask_bt)}
         grads, (terms, metric_sums) = accumulated_grads(params, batch, scale)
         updates, opt_state = optimizer.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)

@@ -15,6 +15,7 @@ from flax import nnx
 from rubric_jax.algorithms.base import RolloutContext, prompt_token_ids
 from rubric_jax.algorithms.registry import algorithm_class
 from rubric_jax.algorithms.rgr_grpo import RGRGRPO, RGRGRPOConfig, refine_at_test_time
+from rubric_jax.core import aggregation
 from rubric_jax.data import arithmetic
 from rubric_jax.data.arithmetic import Step, problem_from_steps, solution_text
 from rubric_jax.data.arithmetic_rgr import ArithmeticRGRTask, refinement_messages, rgr_judge, rgr_rubric
@@ -24,11 +25,13 @@ from rubric_jax.inference.engine import RolloutEngine, Sample, SamplingParams
 from rubric_jax.judges.base import Judge, JudgeRequest, RolloutVerdict, Verdicts
 from rubric_jax.judges.llm import rating_format
 from rubric_jax.judges.programmatic import ProgrammaticJudge, RegexCheck
+from rubric_jax.models import train_step
 from rubric_jax.rubrics.schema import Criterion, ItemKind, Rubric
 from rubric_jax.training import policy
 from rubric_jax.training.metrics import PhaseTimer, read_metrics
 from rubric_jax.training.rl import train_rl
 from rubric_jax.training.run_config import AlgorithmSpec, MeshConfig, ModelSpec, RolloutConfig, TaskSpec
+from tests.models.test_train_step import one_step, policy_batch
 from tests.training.test_rl import TINY, tiny_rl_config
 
 TINY_RGR = dataclasses.replace(TINY, max_position_embeddings=288)  # room for a refinement prompt
@@ -317,8 +320,9 @@ def test_std_scaling_and_the_length_penalty(tokenizer):
     assert result.metrics["rgr/rubric_reward/mean"] == pytest.approx(rewards.mean())
 
 
+@pytest.mark.parametrize("entropy_aggregation", ["token_mean", "as_loss"])
 @pytest.mark.parametrize("shaping", [True, False])
-def test_the_loss_is_eq_10_with_the_entropy_bonus(shaping):
+def test_the_loss_is_eq_10_with_the_entropy_bonus(shaping, entropy_aggregation):
     rng = np.random.default_rng(0)
     shape = (4, 6)
     logp = -rng.uniform(0.01, 4, shape)
@@ -327,18 +331,69 @@ def test_the_loss_is_eq_10_with_the_entropy_bonus(shaping):
     entropy = rng.uniform(0, 2, shape)
     mask = rng.random(shape) < 0.8
     off = np.array([False, True, False, True])
+    weights = rng.uniform(0, 3, shape)  # the train step's token-mean weights, any values here
     batch = {"response_mask_bt": jnp.asarray(mask), "off_policy_b": jnp.asarray(off), "old_logp_bt": jnp.asarray(old),
-             "advantages_bt": jnp.asarray(adv)}
-    algorithm = RGRGRPO(RGRGRPOConfig(shaping=shaping, gamma=0.2, entropy_coeff=0.05))
+             "advantages_bt": jnp.asarray(adv), train_step.TOKEN_MEAN_WEIGHTS: jnp.asarray(weights)}
+    algorithm = RGRGRPO(RGRGRPOConfig(shaping=shaping, gamma=0.2, entropy_coeff=0.05,
+                                      entropy_aggregation=entropy_aggregation))
     loss, metrics = algorithm.loss_fn()(jnp.asarray(logp), jnp.asarray(entropy), batch)
     p = np.exp(logp)
     shaped_rows = off[:, None] & shaping
-    expected = np.where(shaped_rows, -p / (p + 0.2) * adv, -np.exp(logp - old) * adv) - 0.05 * entropy
+    bonus = entropy * weights if entropy_aggregation == "token_mean" else entropy
+    expected = np.where(shaped_rows, -p / (p + 0.2) * adv, -np.exp(logp - old) * adv) - 0.05 * bonus
     np.testing.assert_allclose(loss, np.where(mask, expected, 0), rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(metrics["off_policy_tokens"], mask & off[:, None])
     np.testing.assert_allclose(metrics["shaped_prob"], np.where(mask & shaped_rows, p / (p + 0.2), 0), rtol=1e-5)
     assert algorithm.aggregate()(jnp.asarray(loss), jnp.asarray(mask)).denominator == mask.any(axis=1).sum()
     assert not algorithm.needs_reference
+
+
+def test_the_entropy_bonus_is_coeff_times_the_token_mean_entropy_by_hand():
+    """Section 3's bonus, 0.01, with the paper config's aggregation (seq_mean_token_sum_norm; constant 5 here)
+    and a zero policy term (A = 0). Row 0 has 3 tokens of entropy 1, 2, 3, row 1 one token of entropy 4: N = 4
+    tokens, token mean 10 / 4 = 2.5, D = 2 sequences x 5 = 10.
+    - token_mean (LUFFY's masked_mean): weights D / N = 10 / 4 = 2.5, loss = -0.01 x 2.5 x (1 + 2 + 3 + 4) / 10
+      = -0.025 = -0.01 x 2.5, the token-mean entropy;
+    - as_loss (the loss's aggregation, verl's agg_loss): loss = -0.01 x (1 + 2 + 3 + 4) / 10 = -0.01, the token mean
+      scaled by N / D = 0.4."""
+    mask = jnp.asarray([[True, True, True, False], [True, False, False, False]])
+    entropy = jnp.asarray([[1.0, 2.0, 3.0, 9.0], [4.0, 9.0, 9.0, 9.0]])
+    logp = jnp.full((2, 4), -1.0)
+    batch = {"response_mask_bt": mask, "off_policy_b": jnp.zeros(2, bool), "old_logp_bt": logp,
+             "advantages_bt": jnp.zeros((2, 4))}
+    for entropy_aggregation, expected in (("token_mean", -0.01 * 2.5), ("as_loss", -0.01 * 10 / 10)):
+        algorithm = RGRGRPO(RGRGRPOConfig(entropy_aggregation=entropy_aggregation,
+                                          aggregation="seq_mean_token_sum_norm", norm_constant=5.0))
+        weights = aggregation.token_mean_weights(algorithm.aggregate(), mask)
+        np.testing.assert_allclose(weights, [[2.5, 2.5, 2.5, 0], [2.5, 0, 0, 0]], rtol=1e-6)
+        loss_bt, _ = algorithm.loss_fn()(logp, entropy, {**batch, train_step.TOKEN_MEAN_WEIGHTS: weights})
+        np.testing.assert_allclose(aggregation.finalize(*algorithm.aggregate()(loss_bt, mask)), expected, rtol=1e-6)
+    assert RGRGRPOConfig().entropy_aggregation == "token_mean"
+
+
+def test_the_token_mean_entropy_bonus_in_the_train_step_is_micro_batch_invariant():
+    """Through the learner's step on a tiny model: the two aggregations share the policy term, so their losses
+    differ by the bonuses only: -0.01 H (1 - N / D) with H the batch's token-mean entropy (the step's "entropy"
+    metric), N its response tokens and D = valid sequences x 8; and over 4 micro-batches the token-mean bonus
+    is the same (the weights come from the whole batch)."""
+    def rgr_loss(config):
+        inner = RGRGRPO(config).loss_fn()
+        return lambda logp, entropy, batch: inner(logp, entropy,
+                                                  {**batch, "off_policy_b": jnp.zeros(logp.shape[0], bool)})
+
+    configs = {name: RGRGRPOConfig(entropy_aggregation=name, aggregation="seq_mean_token_sum_norm", norm_constant=8.0)
+               for name in ("token_mean", "as_loss")}
+    runs = {name: one_step(rgr_loss(config), aggregate=RGRGRPO(config).aggregate())[0]
+            for name, config in configs.items()}
+    split = one_step(rgr_loss(configs["token_mean"]), aggregate=RGRGRPO(configs["token_mean"]).aggregate(),
+                     micro_batches=4)[0]
+    mask = policy_batch()["response_mask_bt"]
+    tokens, denominator = mask.sum(), mask.any(axis=1).sum() * 8.0
+    entropy = runs["token_mean"]["entropy"]
+    np.testing.assert_allclose(runs["token_mean"]["loss"] - runs["as_loss"]["loss"],
+                               -0.01 * entropy * (1 - tokens / denominator), rtol=1e-4)
+    np.testing.assert_allclose(split["loss"], runs["token_mean"]["loss"], rtol=2e-5, atol=2e-6)
+    assert tokens != denominator and entropy > 0
 
 
 def test_the_off_policy_clips_bound_the_refinement_tokens_only():
@@ -355,7 +410,7 @@ def test_the_off_policy_clips_bound_the_refinement_tokens_only():
     np.testing.assert_allclose(metrics["shaped_prob"], [[0, 0, 0], [0.2, 0.5, 0.6]], rtol=1e-5)
     np.testing.assert_array_equal(metrics["off_clipped_high"], [[False] * 3, [False, False, True]])
     np.testing.assert_array_equal(metrics["off_clipped_low"], [[False] * 3, [True, False, False]])
-    _, unclipped = RGRGRPO(RGRGRPOConfig()).loss_fn()(jnp.asarray(logp), jnp.zeros((2, 3)), batch)
+    _, unclipped = RGRGRPO(RGRGRPOConfig(entropy_coeff=0.0)).loss_fn()(jnp.asarray(logp), jnp.zeros((2, 3)), batch)
     assert "off_clipped_high" not in unclipped and "off_clipped_low" not in unclipped
 
 

@@ -11,7 +11,7 @@ import zlib
 import numpy as np
 import pytest
 
-from rubric_jax.algorithms.rubric_grounded import RubricGrounded, RubricGroundedConfig
+from rubric_jax.algorithms.rubric_grounded import RubricGrounded, RubricGroundedConfig, grounded_advantages
 from rubric_jax.judges.base import Judge, JudgeRequest, RolloutVerdict, Verdicts
 from rubric_jax.rubrics.schema import Rubric
 from rubric_jax.training.metrics import read_metrics
@@ -67,19 +67,22 @@ def numpy_rewards(verdicts: Verdicts, rubrics) -> np.ndarray:
     return out
 
 
-def numpy_loo(rewards, group, valid, *, scale=True, eps=1e-6):
+def numpy_loo(rewards, group, valid, *, scale=True, eps=1e-6, whole_group_std=False):
     """Eqs 4-6 row by row: b_i, s_i the mean and sample std of the group's other valid rewards; A_i =
     (r_i - b_i) / (s_i + eps) where s_i > 0, else r_i - b_i (unscaled when `scale` is False); 0 when invalid
-    or alone."""
+    or alone. With `whole_group_std`, s_i is the sample std of all the group's valid rewards, and A_i = 0 where
+    it is 0 (then r_i = b_i)."""
     out = np.zeros(len(rewards))
     for b in range(len(rewards)):
         start = b - b % group
+        members = np.array([rewards[j] for j in range(start, start + group) if valid[j]], np.float64)
         others = np.array([rewards[j] for j in range(start, start + group) if j != b and valid[j]], np.float64)
         if not valid[b] or len(others) == 0:
             continue
         centred = rewards[b] - others.mean()
-        std = others.std(ddof=1) if len(others) > 1 else 0.0
-        out[b] = centred / (std + eps) if scale and std > 0 else centred
+        spread = members if whole_group_std else others
+        std = spread.std(ddof=1) if len(spread) > 1 else 0.0
+        out[b] = centred / (std + eps) if scale and std > 0 else (0.0 if scale and whole_group_std else centred)
     return out
 
 
@@ -189,6 +192,7 @@ def test_the_grounding_reaches_the_judge_and_never_the_policy(setup):
     ({"baseline": "group_mean"}, lambda r, v: numpy_group(r, GROUP, v)),
     ({"scale_by_std": False}, lambda r, v: numpy_loo(r, GROUP, v, scale=False)),
     ({"baseline": "group_mean", "scale_by_std": False}, lambda r, v: numpy_group(r, GROUP, v, scale=False)),
+    ({"std_over": "group"}, lambda r, v: numpy_loo(r, GROUP, v, whole_group_std=True)),
 ])
 def test_estimator_switches_change_only_the_advantages(setup, changes, estimator):
     task, _, examples, run = setup
@@ -199,6 +203,24 @@ def test_estimator_switches_change_only_the_advantages(setup, changes, estimator
         np.testing.assert_array_equal(changed.batch[key], default.batch[key])
     assert_row_advantages(changed.batch, estimator(rewards, np.ones(len(rewards), bool)), atol=1e-4)
     assert changed.metrics["reward/mean"] == default.metrics["reward/mean"]
+
+
+@pytest.mark.parametrize("std_over, std_ddof, expected", [
+    # r = (1, 0.5, 0.5, 0). Row 0: the others (0.5, 0.5, 0) have mean 1/3, so r - b = 2/3; their squared
+    # deviations (1/6)^2 + (1/6)^2 + (1/3)^2 = 1/6.
+    ("others", 1, 2 / 3 / math.sqrt(1 / 6 / 2)),  # sample std sqrt(1/12): 4 / sqrt(3) = 2.309
+    ("others", 0, 2 / 3 / math.sqrt(1 / 6 / 3)),  # population std sqrt(1/18): 2 sqrt(2) = 2.828
+    # the whole group (1, 0.5, 0.5, 0): mean 0.5, squared deviations 0.25 + 0 + 0 + 0.25 = 0.5
+    ("group", 1, 2 / 3 / math.sqrt(0.5 / 3)),  # sample std sqrt(1/6): 1.633
+    ("group", 0, 2 / 3 / math.sqrt(0.5 / 4)),  # population std sqrt(1/8): 1.886
+])
+def test_the_readings_of_the_group_standard_deviation_by_hand(std_over, std_ddof, expected):
+    """Eq 5's "group standard deviation" read three ways (and the whole group's with either ddof). Rows 1 and 2
+    equal their others' mean (0.5), so A = 0 there; row 3 mirrors row 0."""
+    config = RubricGroundedConfig(std_over=std_over, std_ddof=std_ddof, eps=0.0)
+    advantage = grounded_advantages(np.array([1.0, 0.5, 0.5, 0.0], np.float32), np.zeros(4, np.int32),
+                                    np.ones(4, bool), config)
+    np.testing.assert_allclose(advantage, [expected, 0, 0, -expected], rtol=1e-6, atol=1e-7)
 
 
 def test_dynamic_sampling_drops_only_the_groups_whose_rewards_tie(setup):
@@ -269,6 +291,10 @@ def test_paper_defaults_and_validation(setup):
         RubricGroundedConfig(truncation_factor=1.5)
     with pytest.raises(ValueError, match="max_items"):
         RubricGroundedConfig(max_items=0)
+    assert config.std_over == "others" and config.std_ddof == 1
+    for changes in ({"baseline": "group_mean"}, {"scale_by_std": False}):
+        with pytest.raises(ValueError, match="std_over"):
+            RubricGroundedConfig(std_over="group", **changes)
 
     @dataclasses.dataclass(frozen=True)
     class Ungrounded(ToyTask):

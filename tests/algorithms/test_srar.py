@@ -26,6 +26,7 @@ from rubric_jax.data.arithmetic_srar import ArithmeticSrarTask
 from rubric_jax.inference.embedded import EmbeddedEngine
 from rubric_jax.inference.engine import RolloutEngine, Sample, SamplingParams
 from rubric_jax.judges.base import Judge, RolloutVerdict, Verdicts
+from rubric_jax.judges.outcome import EQUIVALENT, equivalence_status, extract_boxed
 from rubric_jax.rubrics import prompts
 from rubric_jax.rubrics.schema import Criterion, ItemKind, Rubric, rubric_arrays
 from rubric_jax.rubrics.steps import response_step_ids
@@ -155,14 +156,17 @@ def grpo_reference(rewards, group_ids, valid, eps=1e-6):
     return out
 
 
-def reference_step_rewards(satisfied, kinds, mask, item_step):
+def reference_step_rewards(satisfied, kinds, mask, item_step, judged=None):
     """Per rollout {step: d} (eq 3 and Algorithm 1 line 9, the authors' `compute_rubric_deltas`: every step the
-    judge wrote is a key, in range of the response or not)."""
+    judge wrote is a key, in range of the response or not). The keys are the rollout's step groups: the steps of
+    its delta-bearing items, or, given `judged` (the paper's eq 4), of every item of a judged rollout."""
     rewards = []
     for b in range(satisfied.shape[0]):
         steps = {}
         for k in range(satisfied.shape[1]):
             kind = int(kinds[b, k])
+            if judged is not None and mask[b, k] and judged[b]:
+                steps.setdefault(int(item_step[b, k]), 0.0)
             if not mask[b, k] or kind not in BUDGETS or not satisfied[b, k]:
                 continue
             count = sum(1 for j in range(satisfied.shape[1]) if mask[b, j] and kinds[b, j] == kind)
@@ -184,7 +188,9 @@ def placed(step, num_steps, token_step):
 def reference_advantages(config, base_b, group_ids, verdicts, rubrics, num_steps, step_ids, response_mask, valid,
                          eps=1e-6):
     items = rubric_arrays(rubrics, config.max_items)
-    d = reference_step_rewards(verdicts.satisfied_bk, items.item_kind_bk, items.item_mask_bk, verdicts.item_step_bk)
+    judged = ~verdicts.failed_b if config.step_groups == "paper" else None
+    d = reference_step_rewards(verdicts.satisfied_bk, items.item_kind_bk, items.item_mask_bk, verdicts.item_step_bk,
+                               judged)
     num_rows, length = response_mask.shape
     advantages = np.zeros((num_rows, length))
     if config.advantage in ("merged", "rar"):
@@ -318,6 +324,9 @@ def test_srar_is_registered_and_its_config_validates():
     (dict(advantage="merged", step_normalization=False), "step_normalization"),
     (dict(advantage="rar", step_normalization=False), "step_normalization"),
     (dict(std_ddof=2), "std_ddof"),
+    (dict(step_groups="paper", advantage="merged"), "step_groups"),
+    (dict(step_groups="paper", advantage="rar"), "step_groups"),
+    (dict(step_groups="paper", step_normalization=False), "step_groups"),
     (dict(eps=-1.0), "eps"),
 ])
 def test_config_validation_names_the_field(changes, message):
@@ -376,8 +385,9 @@ def test_the_recipe_composes_the_core_decoupled_advantage():
 
 @pytest.mark.parametrize("config", [
     SRaRConfig(), SRaRConfig(step_normalization=False), SRaRConfig(advantage="merged"), SRaRConfig(advantage="rar"),
-    SRaRConfig(on_judge_failure="exclude"), SRaRConfig(std_ddof=1, max_items=12),
-], ids=["decoupled", "no_step_norm", "merged", "rar", "exclude", "k12"])
+    SRaRConfig(on_judge_failure="exclude"), SRaRConfig(std_ddof=1, max_items=12), SRaRConfig(step_groups="paper"),
+    SRaRConfig(step_groups="paper", on_judge_failure="exclude"),
+], ids=["decoupled", "no_step_norm", "merged", "rar", "exclude", "k12", "paper_groups", "paper_groups_exclude"])
 def test_advantages_match_the_numpy_loop_on_random_step_attributed_verdicts(config):
     rng = np.random.default_rng(7)
 
@@ -527,6 +537,94 @@ def test_judge_failures_keep_the_outcome_advantage_or_are_excluded():
         (0.9 - remaining.mean()) / (remaining.std(ddof=1) + 1e-6) - 1 / math.sqrt(2), rel=1e-5)  # eps: std 0.06
     for result in (kept, excluded):
         assert all(math.isfinite(v) for v in result.metrics.values())
+
+
+def test_paper_step_groups_take_in_rollouts_without_a_delta_at_the_step():
+    """The hand group under eq 4 as written: the task's judge attributes every item to a step, satisfied or not,
+    so rollouts join groups the authors' rule keeps them out of and the offsets change; the outcome term does
+    not. (Each rule's values: `tests/core/test_srar.py:test_paper_and_authors_step_groups_differ_by_hand`, and
+    the NumPy loop on random verdicts above.)"""
+    authors, paper = hand_group_experience(), hand_group_experience(SRaRConfig(step_groups="paper"))
+    assert not np.allclose(authors.batch["advantages_bt"], paper.batch["advantages_bt"])
+    assert paper.metrics["reward/mean"] == authors.metrics["reward/mean"]
+    np.testing.assert_array_equal(paper.batch["response_mask_bt"], authors.batch["response_mask_bt"])
+
+
+# ---------------------------------------------------------------- r_acc: the task's check or the authors' strings
+
+
+@pytest.mark.parametrize("answer, normalized", [
+    (" 1,000 ", "1000"),  # commas and spaces deleted
+    ("$\\text{5 cm}$", "5cm"),
+    ("\\textbf{B}", "B"),
+    ("\\boxed{7}", "7"),
+    ("\\frac12", "frac{1}{2}"),  # the rewritten fraction loses its backslash (the authors' replacement string)
+    ("\\frac{1}{2}", "\\frac{1}{2}"),  # a braced fraction is left alone
+    ("\\text{a{b}c}", "a{bc}"),  # the group ends at the first closing brace
+    ("1,2", "12"),
+])
+def test_boxed_string_normalisation_by_hand(answer, normalized):
+    assert srar_recipe.normalize_boxed_string(answer) == normalized
+
+
+@pytest.mark.parametrize("boxed, gold, strings_equal, math_verify_equal", [
+    ("\\frac12", "0.5", False, True),
+    ("\\frac12", "\\frac{1}{2}", False, True),  # 'frac{1}{2}' vs '\\frac{1}{2}'
+    ("x = 3", "3", False, True),
+    ("1,2", "12", True, False),  # the comma goes, so a pair equals a number
+    ("1,000", "1000", True, True),
+    ("\\text{5 cm}", "5cm", True, False),
+])
+def test_boxed_string_accuracy_differs_from_math_verify(boxed, gold, strings_equal, math_verify_equal):
+    response = f"### Step 1: work\n\\boxed{{{boxed}}}"
+    assert srar_recipe.boxed_string_correct(response, gold) is strings_equal
+    assert (equivalence_status(extract_boxed(response), gold) == EQUIVALENT) is math_verify_equal
+
+
+def test_boxed_string_accuracy_needs_a_closed_non_empty_box():
+    assert not srar_recipe.boxed_string_correct("the answer is 9", "9")
+    assert not srar_recipe.boxed_string_correct("\\boxed{9", "9")
+    assert not srar_recipe.boxed_string_correct("\\boxed{ }", " ")
+    assert srar_recipe.boxed_string_correct("\\boxed{8} then \\boxed{9}", "9")  # the last box
+
+
+@dataclasses.dataclass(frozen=True)
+class DecimalGoldTask(ArithmeticSrarTask):
+    """The arithmetic task with its gold answers written as decimals ("9.0")."""
+
+    def gold_answer(self, example):
+        return f"{example.answer}.0"
+
+
+def test_accuracy_boxed_string_sets_r_acc_from_the_gold_string():
+    # GROUP's boxes hold 9, 11, 9, 9 for the gold 9: the task's check (an integer) accepts three
+    engine = ScriptedEngine([["".join(parts) for parts in GROUP]])
+    config = SRaRConfig(accuracy="boxed_string")
+    same = SRaR(config).experience([EXAMPLE], context(engine, task().judge(), n=4), 0)
+    assert same.metrics["outcome/accuracy"] == 0.75 and same.metrics["reward/mean"] == pytest.approx(0.75)
+    decimal = DecimalGoldTask(arithmetic.ArithmeticConfig(), 0)
+    strict = SRaR(config).experience([EXAMPLE], context(engine, decimal.judge(), n=4, the_task=decimal), 0)
+    # "9" != "9.0" as strings: r_acc = 0 everywhere, r_base = 0.1 r_fmt = (0.1, 0.1, 0.1, 0)
+    assert strict.metrics["outcome/accuracy"] == 0 and strict.metrics["reward/mean"] == pytest.approx(0.075)
+    lenient = SRaR(SRaRConfig()).experience([EXAMPLE], context(engine, decimal.judge(), n=4, the_task=decimal), 0)
+    assert lenient.metrics["outcome/accuracy"] == 0.75
+
+
+def test_accuracy_boxed_string_needs_the_tasks_gold_answer():
+    @dataclasses.dataclass(frozen=True)
+    class NoGold:
+        inner: ArithmeticSrarTask
+
+        def __getattr__(self, name):
+            if name == "gold_answer":
+                raise AttributeError(name)
+            return getattr(self.inner, name)
+
+    no_gold = NoGold(task())
+    engine = ScriptedEngine([["".join(parts) for parts in GROUP]])
+    with pytest.raises(ValueError, match="accuracy boxed_string"):
+        SRaR(SRaRConfig(accuracy="boxed_string")).experience(
+            [EXAMPLE], context(engine, task().judge(), n=4, the_task=no_gold), 0)
 
 
 # ---------------------------------------------------------------- analysis metrics

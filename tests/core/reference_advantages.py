@@ -127,14 +127,17 @@ def srar_item_deltas(satisfied, item_type, item_mask, budgets=(0.8, -1.0, 1.0)):
     return delta, carries
 
 
-def srar_step_deltas(satisfied, item_type, item_mask, item_step, budgets=(0.8, -1.0, 1.0)):
-    """Algorithm 1, line 9, as the authors' `compute_rubric_deltas`: per rollout, {step as judged: summed delta}
-    over the delta-bearing items, whatever the step's value."""
+def srar_step_deltas(satisfied, item_type, item_mask, item_step, budgets=(0.8, -1.0, 1.0), judged=None):
+    """Algorithm 1, line 9: per rollout, {step as judged: summed delta}, whatever the step's value. Keys (the
+    rollout's step groups): with `judged` None the steps of its delta-bearing items (the authors'
+    `compute_rubric_deltas`); with `judged` [B] bool, the paper's eq 4, the step of every existing item of a judged
+    rollout, satisfied or not (its value the sum of the deltas there, 0 when none is satisfied)."""
     delta, carries = srar_item_deltas(satisfied, item_type, item_mask, budgets)
     step_deltas = [dict() for _ in range(satisfied.shape[0])]
     for b in range(satisfied.shape[0]):
         for j in range(satisfied.shape[1]):
-            if carries[b, j]:
+            member = carries[b, j] if judged is None else bool(item_mask[b, j]) and bool(judged[b])
+            if member:
                 k = int(item_step[b, j])
                 step_deltas[b][k] = step_deltas[b].get(k, 0.0) + delta[b, j]
     return step_deltas
@@ -151,12 +154,13 @@ def srar_placed_tokens(k, num_steps, step_ids_t, response_mask_t):
 
 
 def srar_advantages(base, group_ids, satisfied, item_type, item_mask, item_step, num_steps, step_ids, response_mask,
-                    valid, std_ddof=1, eps=1e-6, budgets=(0.8, -1.0, 1.0)):
+                    valid, std_ddof=1, eps=1e-6, budgets=(0.8, -1.0, 1.0), judged=None):
     """Algorithm 1 as the authors' `compute_srar_advantage`: GRPO outcome advantage on every response token, plus
-    each step's d_bar, normalised over the group's rollouts that have a delta at that step, added on the tokens
+    each step's d_bar, normalised over the group's rollouts that have a delta at that step (or, given `judged`,
+    the paper's G_k: those with an item attributed to it, `srar_step_deltas`), added on the tokens
     `srar_placed_tokens` names."""
     num_rows, num_tokens = response_mask.shape
-    step_deltas = srar_step_deltas(satisfied, item_type, item_mask, item_step, budgets)
+    step_deltas = srar_step_deltas(satisfied, item_type, item_mask, item_step, budgets, judged)
     offset = np.zeros((num_rows, num_tokens))
     for members in group_members(group_ids, valid).values():
         steps = sorted({k for b in members for k in step_deltas[b]})

@@ -221,3 +221,42 @@ def test_reference_item_8_numerator_and_denominator_use_the_same_mask(loss_bt, m
         # the gradient reaches exactly the valid tokens
         grad = SUM_GRADS[mode](garbage_bt, mask_bt)
         np.testing.assert_array_equal(np.asarray(grad) != 0, mask_bt, err_msg=mode)
+
+
+# ---------------------------------------------------------------- token-mean weights (an entropy bonus as LUFFY's)
+
+ALL_MODES = {**MODES, "token-sum-norm": jax.jit(functools.partial(agg.token_sum_norm, norm_constant=NORM_CONSTANT))}
+
+
+def test_token_mean_weights_hand_computed():
+    """w = D / (N a): D the mode's denominator, N = 4 valid tokens, a = d loss_sum / d x of the token."""
+    mask = jnp.asarray([[True, True, True], [True, False, False], [False, False, False]])
+    x = jnp.asarray([[1.0, 2.0, 3.0], [4.0, jnp.nan, jnp.nan], [jnp.nan, 9.0, 9.0]])  # token mean 10 / 4 = 2.5
+    expected = {
+        "token-mean": (1.0, 1.0),  # D = 4, a = 1: 4 / 4
+        "seq-mean-token-mean": (1.5, 0.5),  # D = 2 sequences; a = 1/3 on row 0: 2 / (4 / 3); a = 1 on row 1: 2 / 4
+        "seq-mean-token-sum": (0.5, 0.5),  # D = 2, a = 1
+        "seq-mean-token-sum-norm": (3.5, 3.5),  # D = 2 x 7 = 14, a = 1: 14 / 4
+        "token-sum-norm": (5.25, 5.25),  # D = 3 rows x 7 = 21 (every row counts), a = 1: 21 / 4
+    }
+    for mode, (row0, row1) in expected.items():
+        weights = jax.jit(agg.token_mean_weights, static_argnums=0)(ALL_MODES[mode], mask)
+        np.testing.assert_allclose(weights, [[row0] * 3, [row1, 0, 0], [0, 0, 0]], rtol=1e-6, err_msg=mode)
+        np.testing.assert_allclose(finalize(*ALL_MODES[mode](weights * x, mask)), 2.5, rtol=1e-6, err_msg=mode)
+    np.testing.assert_array_equal(agg.token_mean_weights(ALL_MODES["token-mean"], jnp.zeros((2, 3), bool)), 0)
+
+
+@given(loss_bt=losses_bt, mask_bt=masks_bt, assignment=arrays(np.int32, (ROWS,), elements=st.integers(0, 3)))
+def test_token_mean_weights_give_the_whole_batch_token_mean_over_any_row_split(loss_bt, mask_bt, assignment):
+    """Weights computed once over the whole batch, then its rows dealt into up to 4 shards (as the train step
+    deals micro-batches): the shards' weighted sums over the whole batch's denominator are the token mean of the
+    whole batch, whatever the mode, although the shards' own token means differ."""
+    loss_bt = with_garbage(loss_bt, mask_bt)
+    expected = finalize(*agg.token_mean(loss_bt, mask_bt))
+    for mode, fn in ALL_MODES.items():
+        weights_bt = np.asarray(agg.token_mean_weights(fn, mask_bt))
+        weighted_bt = np.where(mask_bt, weights_bt * loss_bt, np.nan).astype(np.float32)
+        shards = [fn(weighted_bt[assignment == k], mask_bt[assignment == k]) for k in range(4)]
+        total = functools.reduce(jnp.add, [part.loss_sum for part in shards])
+        np.testing.assert_allclose(finalize(total, fn(loss_bt, mask_bt).denominator), expected, rtol=1e-5, atol=1e-5,
+                                   err_msg=mode)

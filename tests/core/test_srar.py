@@ -1,3 +1,5 @@
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -233,6 +235,76 @@ def test_merged_ablation_when_scores_reach_no_token():
     np.testing.assert_allclose(out, np.repeat(a[:, None], 3, axis=1), rtol=1e-5)
 
 
+# ---------------------------------------------------------------- the paper's step groups (eq 4 as written)
+
+
+@functools.partial(jax.jit, static_argnames=("std_ddof", "eps"))
+def paper_advantages(base, group_ids, satisfied, item_type, item_mask, item_step, num_steps, step_ids,
+                     response_mask, valid, judged, std_ddof=1, eps=1e-6):
+    """The decoupled advantage with the paper's step groups, composed of the core functions (`srar_advantages`
+    with `srar_attributed_items` in place of the delta-bearing items)."""
+    token_mask = response_mask & valid[:, None]
+    delta, _ = srar.srar_item_deltas(satisfied, item_type, item_mask)
+    steps = srar.srar_step_rewards(delta, srar.srar_attributed_items(item_mask, judged), item_step)
+    normalised = srar.srar_step_normalize(steps, group_ids, valid, std_ddof=std_ddof, eps=eps)
+    outcome = grpo_advantages(base, group_ids, valid, std_ddof=std_ddof, eps=eps)
+    return broadcast_to_tokens(outcome, token_mask) + srar.srar_token_offsets(normalised, num_steps, step_ids,
+                                                                              token_mask)
+
+
+def test_attributed_items_are_every_item_of_a_judged_rollout():
+    item_mask = np.array([[1, 1, 0], [1, 1, 1], [1, 0, 0]], bool)
+    judged = np.array([True, True, False])  # rollout 2's judgement failed
+    np.testing.assert_array_equal(srar.srar_attributed_items(item_mask, judged), [[1, 1, 0], [1, 1, 1], [0, 0, 0]])
+
+
+def test_paper_and_authors_step_groups_differ_by_hand():
+    """Eq 4's G_k as written vs the authors' code, population std, eps 0, equal r_base (outcome advantage 0).
+
+    Rubric [SUGGEST, PITFALL]: N_SUG = N_PIT = 1, so a satisfied SUGGEST is +0.8, a satisfied PITFALL -1.0.
+      rollout A: SUGGEST@1 satisfied, PITFALL@2 not       -> d_A[1] = 0.8, and (paper) d_A[2] = 0
+      rollout B: SUGGEST@1 not,       PITFALL@1 satisfied -> d_B[1] = -1.0
+      rollout C: SUGGEST@1 not,       PITFALL@2 not       -> no delta at all, and (paper) d_C[1] = d_C[2] = 0
+    Authors (delta-bearing items only): G_1 = {A, B}: [0.8, -1.0], mean -0.1, std 0.9 -> A +1, B -1, C nothing.
+    Paper (any item attributed to k): G_1 = {A, B, C}: [0.8, -1.0, 0], mean -1/15, deviations 13/15, -14/15,
+    1/15, std sqrt((169 + 196 + 1) / 675) = sqrt(366 / 675) -> A 13/sqrt(122), B -14/sqrt(122), C 1/sqrt(122)
+    (13/15 * 15 sqrt(3) / sqrt(366) = 13 / sqrt(122)); G_2 = {A, C}: [0, 0] ties -> 0.
+    Steps: 2 per response, tokens [1, 1, 2, 2].
+    """
+    satisfied = np.array([[1, 0], [0, 1], [0, 0]], bool)
+    item_type = np.array([[SUGGEST, PITFALL]] * 3, np.int32)
+    item_step = np.array([[1, 2], [1, 1], [1, 2]], np.int32)
+    step_ids = np.array([[1, 1, 2, 2]] * 3, np.int32)
+    args = (np.ones(3, np.float32), np.zeros(3, np.int32), satisfied, item_type, np.ones_like(satisfied), item_step,
+            np.array([2, 2, 2]), step_ids, np.ones((3, 4), bool))
+    every = np.ones(3, bool)
+    expected_paper = np.array([[13, 13, 0, 0], [-14, -14, 0, 0], [1, 1, 0, 0]]) / np.sqrt(122)
+    np.testing.assert_allclose(advantages(*args, std_ddof=0, eps=0.0), [[1, 1, 0, 0], [-1, -1, 0, 0], [0] * 4],
+                               atol=1e-6)
+    np.testing.assert_allclose(paper_advantages(*args, every, every, std_ddof=0, eps=0.0), expected_paper, rtol=1e-5)
+    # the loop reference forms eq 3's deltas in float32, as the core does (0.8 is not a float32 number)
+    np.testing.assert_allclose(ref.srar_advantages(*args, every, std_ddof=0, eps=0.0, judged=every), expected_paper,
+                               rtol=1e-6)
+
+
+@pytest.mark.parametrize("std_ddof", [0, 1])
+@pytest.mark.parametrize("seed", range(20))
+def test_paper_step_groups_match_the_loop_reference(seed, std_ddof):
+    rng = np.random.default_rng(100 + seed)
+    batch = random_rollouts(rng, max_steps=MAX_STEPS)
+    judged = rng.random(batch.rewards.shape[0]) > 0.15
+    # a failed judgement: every item unsatisfied at step -1 (judges.base)
+    batch = batch._replace(satisfied=batch.satisfied & judged[:, None],
+                           item_step=np.where(judged[:, None], batch.item_step, -1).astype(np.int32))
+    base = rng.choice(np.array([0.0, 0.1, 0.9, 1.0], np.float32), batch.rewards.shape[0])
+    args = (base, *with_step_counts(rng, batch))
+    np.testing.assert_allclose(
+        paper_advantages(*args, judged, std_ddof=std_ddof, eps=1e-6),
+        ref.srar_advantages(*args, std_ddof=std_ddof, judged=judged),
+        rtol=1e-5, atol=1e-5,
+    )
+
+
 # ---------------------------------------------------------------- vectorised JAX vs the NumPy loop reference
 
 
@@ -298,9 +370,27 @@ def judged_group(draw, num_rows=8, num_items=6):
     return batch._replace(satisfied=satisfied, item_step=item_step)
 
 
-def step_groups(batch, std_ddof, eps):
-    """(raw d, normalised d_bar, and for each (group, step value) the [B, K] mask of its valid holders)."""
-    delta, carries = srar.srar_item_deltas(batch.satisfied, batch.item_type, batch.item_mask)
+RULES = ("authors", "paper")
+
+
+def judged_rows(num_rows):
+    """Every fifth rollout's judgement failed (the others' verdicts stand as drawn)."""
+    return np.arange(num_rows) % 5 != 4
+
+
+def member_items(batch, rule):
+    """The items that place their rollout in a step group: the authors' delta-bearing items, or the paper's
+    items of judged rollouts (`judged_rows`)."""
+    if rule == "authors":
+        return srar.srar_item_deltas(batch.satisfied, batch.item_type, batch.item_mask)[1]
+    return srar.srar_attributed_items(batch.item_mask, judged_rows(batch.satisfied.shape[0]))
+
+
+def step_groups(batch, std_ddof, eps, rule="authors"):
+    """(raw d, normalised d_bar, and for each (group, step value) the [B, K] mask of its valid holders), with the
+    step groups of `rule`."""
+    delta, _ = srar.srar_item_deltas(batch.satisfied, batch.item_type, batch.item_mask)
+    carries = member_items(batch, rule)
     steps = srar.srar_step_rewards(delta, carries, batch.item_step)
     normalised = srar.srar_step_normalize(steps, batch.group_ids, batch.valid, std_ddof=std_ddof, eps=eps)
     holders = np.asarray(steps.holds_bk) & batch.valid[:, None]
@@ -313,17 +403,17 @@ def step_groups(batch, std_ddof, eps):
     return np.asarray(steps.value_bk, np.float64), np.asarray(normalised.value_bk, np.float64), holders, groups
 
 
-@given(judged_group())
-def test_prop_20_2_step_signals_are_zero_sum_in_every_step_group(batch):
-    _, normalised, holders, groups = step_groups(batch, std_ddof=1, eps=1e-6)
+@given(judged_group(), st.sampled_from(RULES))
+def test_prop_20_2_step_signals_are_zero_sum_in_every_step_group(batch, rule):
+    _, normalised, holders, groups = step_groups(batch, std_ddof=1, eps=1e-6, rule=rule)
     for members in groups:
         assert abs(normalised[members].sum()) < 1e-4
     assert np.all(normalised[~holders] == 0)
 
 
-@given(judged_group())
-def test_prop_20_6_step_signals_have_unit_population_variance(batch):
-    raw, normalised, _, groups = step_groups(batch, std_ddof=0, eps=0.0)
+@given(judged_group(), st.sampled_from(RULES))
+def test_prop_20_6_step_signals_have_unit_population_variance(batch, rule):
+    raw, normalised, _, groups = step_groups(batch, std_ddof=0, eps=0.0, rule=rule)
     for members in groups:
         if members.sum() >= 2 and np.ptp(raw[members]) > 1e-4:
             np.testing.assert_allclose(np.mean(normalised[members] ** 2), 1.0, rtol=1e-4)
@@ -344,12 +434,14 @@ def test_cor_20_3_outcome_component_is_zero_sum_at_every_token(batch):
         assert abs(outcome[batch.group_ids == g].sum()) < 1e-4
 
 
-@given(judged_group(), st.booleans())
-def test_prop_20_7_empty_rubric_reduces_to_grpo(batch, no_items_at_all):
+@given(judged_group(), st.booleans(), st.sampled_from(RULES))
+def test_prop_20_7_empty_rubric_reduces_to_grpo(batch, no_items_at_all, rule):
+    # under the paper's groups, items that are all unsatisfied still form groups, of equal d = 0: no offset
     item_mask = np.zeros_like(batch.item_mask) if no_items_at_all else batch.item_mask
     satisfied = batch.satisfied if no_items_at_all else np.zeros_like(batch.satisfied)
     args = with_step_counts(np.random.default_rng(0), batch._replace(satisfied=satisfied, item_mask=item_mask))
-    out = advantages(batch.rewards, *args)
+    out = (advantages(batch.rewards, *args) if rule == "authors"
+           else paper_advantages(batch.rewards, *args, judged_rows(len(batch.rewards))))
     outcome = grpo_advantages(batch.rewards, batch.group_ids, batch.valid)
     np.testing.assert_array_equal(out, broadcast_to_tokens(outcome, batch.response_mask & batch.valid[:, None]))
 

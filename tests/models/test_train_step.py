@@ -162,3 +162,23 @@ def test_the_confidence_penalty_subtracts_coef_times_the_mean_entropy():
     np.testing.assert_allclose(penalised["loss"], plain["loss"] - 0.25 * plain["entropy"], **TOL)
     with pytest.raises(ValueError, match="coef"):
         train_step.confidence_penalized_nll(-1.0)
+
+
+def token_mean_entropy_bonus(logp_bt, entropy_bt, batch):
+    """Only an entropy bonus, weighted to be a token mean whatever the aggregation (an RGR / LUFFY bonus with a
+    zero policy term); the log-probabilities enter with weight 0 so that the loss still depends on the model."""
+    return 0.0 * logp_bt - 0.25 * entropy_bt * batch[train_step.TOKEN_MEAN_WEIGHTS], {}
+
+
+@pytest.mark.parametrize("name", AGGREGATIONS)
+def test_the_token_mean_weights_make_a_term_the_whole_batch_token_mean(name):
+    """loss = -0.25 x the token mean of the entropy over the whole batch (the "entropy" metric), whatever the
+    aggregation, in one pass or over micro-batches: the rows' lengths differ (policy_batch), so each micro-batch's
+    own token mean differs from the batch's, and LUFFY's mean of per-micro-batch means would not give this."""
+    full_metrics, full_params = one_step(token_mean_entropy_bonus, aggregate=AGGREGATIONS[name])
+    np.testing.assert_allclose(full_metrics["loss"], -0.25 * full_metrics["entropy"], **TOL)
+    metrics, params = one_step(token_mean_entropy_bonus, aggregate=AGGREGATIONS[name], micro_batches=4)
+    np.testing.assert_allclose(metrics["loss"], full_metrics["loss"], **TOL)
+    for leaf, full_leaf in zip(params, full_params):
+        np.testing.assert_allclose(leaf, full_leaf, **TOL)
+    assert full_metrics["grad_norm"] > 0

@@ -15,6 +15,7 @@ from flax import nnx
 
 from rubric_jax import cli
 from rubric_jax.algorithms import registry
+from rubric_jax.models import train_step
 from rubric_jax.models.config import ModelConfig, preset_config
 from rubric_jax.models.decoder import Decoder
 from rubric_jax.training import plan
@@ -223,12 +224,13 @@ def test_cli_search_reports_a_config_that_fits_as_it_is(tmp_path, capsys):
 
 @pytest.mark.parametrize("name", registry.names())
 def test_every_recipes_loss_reads_only_arrays_the_plan_provides(name):
-    """`plan` compiles a recipe's loss on `plan.POLICY_BATCH` (and the reference's logprobs): a loss that reads
-    another array would fail there with a KeyError, so each registered recipe's loss is traced on it."""
+    """`plan` compiles a recipe's loss on `plan.POLICY_BATCH` (and the reference's logprobs), to which the update
+    step adds its token-mean weights: a loss that reads another array would fail there with a KeyError, so each
+    registered recipe's loss is traced on it."""
     algorithm = registry.algorithm_class(name)(registry.algorithm_class(name).config_class())
     batch = {key: jax.ShapeDtypeStruct((4, 16) if key.endswith("_bt") else (4,),
                                        jnp.float32 if key not in ("tokens_bt", "positions_bt") else jnp.int32)
-             for key in plan.POLICY_BATCH + ("ref_logp_bt",)}
+             for key in plan.POLICY_BATCH + ("ref_logp_bt", train_step.TOKEN_MEAN_WEIGHTS)}
     for key in ("attention_mask_bt", "response_mask_bt", "off_policy_b"):
         batch[key] = jax.ShapeDtypeStruct(batch[key].shape, jnp.bool_)
     logp = jax.ShapeDtypeStruct((4, 16), jnp.float32)
