@@ -25,6 +25,7 @@ import abc
 import collections
 import dataclasses
 import functools
+import logging
 from typing import Any, Callable, Literal, Mapping, Optional, Protocol, Sequence, Set
 
 import jax
@@ -38,6 +39,9 @@ from rubric_jax.judges.llm import LLMMetaVerifier
 from rubric_jax.models import train_step
 from rubric_jax.rubrics.schema import Criterion, Rubric
 from rubric_jax.rubrics.steps import response_text, split_steps
+
+_LOG = logging.getLogger(__name__)
+LONG_DRAW_BATCHES = 10  # dynamic_groups warns every this many generation batches of one step
 
 PROMPT_WIDTH_MULTIPLE = 16  # prompt widths are rounded up to this, so the learner's step rarely recompiles
 
@@ -858,6 +862,9 @@ def dynamic_groups(
         full = stream.fewest(kept_count) >= quota
         if full or 0 < config.max_num_gen_batches <= gen_batch:
             break
+        if gen_batch % LONG_DRAW_BATCHES == 0:  # with no cap, a run whose prompts are all solved would draw silently
+            _LOG.warning("dynamic sampling: %d generation batches drawn, %d of %d informative groups kept on this "
+                         "process (max_num_gen_batches %d)", gen_batch, kept_count, quota, config.max_num_gen_batches)
         batch_examples = stream.next_share(size)
     candidates = kept + uninformative  # the informative groups first, then those that fill a short step
     merged = concat_groups([p for p, _ in candidates], context.pad_id)

@@ -236,6 +236,17 @@ def test_a_step_without_any_informative_group_trains_on_nothing():
     assert all(math.isfinite(value) for value in experience.metrics.values())
 
 
+
+def test_a_step_that_keeps_drawing_says_so_every_ten_batches(caplog):
+    """Without a cap a step of solved prompts draws for ever, as verl's: the log says so while it draws."""
+    with caplog.at_level("WARNING", logger="rubric_jax.algorithms.base"):
+        experience, engine, _ = run_dapo([RIGHT] * 12, prompts_per_step=1, dynamic_sampling="resample",
+                                         max_num_gen_batches=12)
+    assert len(engine.calls) == 12 and experience.metrics["dynamic_sampling/cap_hit"] == 1.0
+    warnings = [r.getMessage() for r in caplog.records if r.name == "rubric_jax.algorithms.base"]
+    assert warnings == ["dynamic sampling: 10 generation batches drawn, 0 of 1 informative groups kept on this "
+                        "process (max_num_gen_batches 12)"]
+
 def test_mask_mode_draws_nothing_more_and_logs_as_before():
     experience, engine, stream = run_dapo([MIXED, RIGHT, MIXED, MIXED], dynamic_sampling=True)
     assert len(engine.calls) == 1 and stream.position == 3
