@@ -17,7 +17,13 @@ settings.register_profile("thorough", max_examples=1000, deadline=None, suppress
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 # The tiny Hugging Face checkpoints every model, inference and judge test loads (built once per session).
-from tests.tiny_checkpoints import tiny_llama_dir, tiny_qwen3_dir, tiny_qwen3_untied_dir  # noqa: E402,F401
+from tests.tiny_checkpoints import (  # noqa: E402,F401
+    tiny_llama_dir,
+    tiny_qwen2_dir,
+    tiny_qwen2_untied_dir,
+    tiny_qwen3_dir,
+    tiny_qwen3_untied_dir,
+)
 
 
 def pytest_collection_finish(session):

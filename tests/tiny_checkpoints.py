@@ -1,6 +1,6 @@
 """Tiny random Hugging Face checkpoints saved to disk, the way every model test gets weights without a download.
 
-Each fixture is a directory holding what `save_pretrained` writes for a Qwen3 or Llama model (config.json,
+Each fixture is a directory holding what `save_pretrained` writes for a Qwen3, Qwen2 or Llama model (config.json,
 model.safetensors, generation_config.json, float32) and a tiny byte-level BPE tokenizer with a chat template
 (tokenizer.json, tokenizer_config.json, chat_template.jinja), loadable by AutoModelForCausalLM and AutoTokenizer.
 
@@ -109,6 +109,21 @@ def tiny_qwen3_untied_dir(tmp_path_factory):
     """Qwen3 with a separate lm_head (as Qwen3-8B and up)."""
     config = transformers.Qwen3Config(**SHAPES, tie_word_embeddings=False, max_position_embeddings=512)
     return _save_tiny_model(tmp_path_factory, "tiny_qwen3_untied", config)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2_dir(tmp_path_factory):
+    """Qwen2 (Qwen2.5's architecture: q/k/v biases, no o_proj bias, no q/k norms) with tied embeddings, as
+    Qwen2.5-0.5B to 3B, and Qwen2.5's rope_theta 1e6."""
+    config = transformers.Qwen2Config(**SHAPES, tie_word_embeddings=True, rope_theta=1e6, max_position_embeddings=512)
+    return _save_tiny_model(tmp_path_factory, "tiny_qwen2", config)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2_untied_dir(tmp_path_factory):
+    """Qwen2 with a separate lm_head (as Qwen2.5-7B and up)."""
+    config = transformers.Qwen2Config(**SHAPES, tie_word_embeddings=False, rope_theta=1e6, max_position_embeddings=512)
+    return _save_tiny_model(tmp_path_factory, "tiny_qwen2_untied", config)
 
 
 @pytest.fixture(scope="session")

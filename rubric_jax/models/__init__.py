@@ -1,16 +1,18 @@
-"""Flax NNX decoders (Qwen3, Llama 3), Hugging Face safetensors load/save, sharding rules, logprob functions.
+"""Flax NNX decoders (Qwen3, Qwen2.5, Llama 3), Hugging Face safetensors load/save, sharding rules, logprob functions.
 
 The contract the pieces of this package share:
 
 config.py      `ModelConfig`, a frozen dataclass read from a Hugging Face `config.json` (`ModelConfig.from_hf_dict`,
                `ModelConfig.from_pretrained(directory)`), with `to_hf_dict()` for saving. Families: "qwen3" (q/k
-               RMSNorm, explicit head_dim) and "llama" (Llama 3, incl. "llama3" RoPE scaling).
+               RMSNorm, explicit head_dim), "qwen2" (Qwen2 and Qwen2.5: q/k/v biases) and "llama" (Llama 3,
+               incl. "llama3" RoPE scaling).
 decoder.py     `Decoder(config, *, rngs, dtype, param_dtype)`, an `nnx.Module` whose attribute tree mirrors the
                Hugging Face parameter names (so one table maps between them):
                  embed_tokens.embedding            [V, D]      <-> model.embed_tokens.weight           [V, D]
                  layers[i].input_layernorm.scale   [D]         <-> model.layers.i.input_layernorm.weight
                  layers[i].self_attn.{q,k,v,o}_proj.kernel [in, out] <-> model.layers.i.self_attn.{q,k,v,o}_proj.weight [out, in]
-                 layers[i].self_attn.{q,k,v,o}_proj.bias   [out] <-> ....bias (attention_bias only)
+                 layers[i].self_attn.{q,k,v}_proj.bias   [out] <-> ....bias (qwen2, or attention_bias)
+                 layers[i].self_attn.o_proj.bias         [D]   <-> ....bias (attention_bias only)
                  layers[i].self_attn.{q,k}_norm.scale [head_dim] <-> ....{q,k}_norm.weight   (qwen3 only)
                  layers[i].post_attention_layernorm.scale [D]
                  layers[i].mlp.{gate,up,down}_proj.kernel [in, out] <-> model.layers.i.mlp.{...}_proj.weight [out, in]

@@ -1,4 +1,5 @@
-"""`ModelConfig`: the architecture of a Qwen3 or Llama 3 decoder, read from and written to a Hugging Face `config.json`.
+"""`ModelConfig`: the architecture of a Qwen3, Qwen2 (Qwen2.5) or Llama 3 decoder, read from and written to a Hugging
+Face `config.json`.
 
 Conventions:
 - Field names are this package's (num_layers, num_heads, num_kv_heads); `from_hf_dict` / `to_hf_dict` translate
@@ -10,6 +11,14 @@ Conventions:
 - Supported RoPE types: "default" (`rope_scaling` None) and "llama3" (`Llama3RopeScaling`). Anything the decoder
   does not implement (another model type or RoPE type, sliding-window attention, MLP bias, an activation other
   than SiLU, partial rotary embeddings) is a ValueError naming it, never silently ignored.
+- The families differ in their attention only (transformers' `Qwen3Attention`, `Qwen2Attention`,
+  `LlamaAttention`): qwen3 normalises each query and key head (`qk_norm`); qwen2 always has q/k/v biases and no
+  o_proj bias (`qkv_bias`, `o_proj_bias`; `attention_bias`, a key transformers' Qwen2 ignores, must be unset);
+  qwen3 and llama have biases on all four projections exactly when `attention_bias` is set. Sliding-window
+  attention, which Qwen2 and Qwen3 configs can switch on (`use_sliding_window`; the Qwen2.5 and Qwen3 checkpoints
+  the papers train ship it off), is refused.
+- Keys a config.json may leave out take the transformers config class's default: rope_theta 10000 and
+  rms_norm_eps 1e-6 for every family, max_position_embeddings 32768 (qwen2, qwen3) or 2048 (llama).
 """
 
 import dataclasses
@@ -17,10 +26,10 @@ import json
 import os
 from typing import Any, Mapping, Optional, Union
 
-ARCHITECTURES = {"qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM"}
+ARCHITECTURES = {"qwen3": "Qwen3ForCausalLM", "qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM"}
 
 # The Hugging Face config classes' defaults for keys a config.json may leave out.
-_HF_DEFAULT_MAX_POSITIONS = {"qwen3": 32768, "llama": 2048}
+_HF_DEFAULT_MAX_POSITIONS = {"qwen3": 32768, "qwen2": 32768, "llama": 2048}
 _HF_DEFAULT_RMS_NORM_EPS = 1e-6
 _HF_DEFAULT_ROPE_THETA = 10000.0
 
@@ -56,9 +65,12 @@ class Llama3RopeScaling:
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-    """Architecture of a decoder-only model of the "qwen3" or "llama" (Llama 3) family.
+    """Architecture of a decoder-only model of the "qwen3", "qwen2" (Qwen2 and Qwen2.5) or "llama" (Llama 3) family.
 
     `qk_norm` (RMSNorm on each query and key head before RoPE) follows from the family: True for qwen3 only.
+    `qkv_bias` and `o_proj_bias` (biases of the attention's projections) follow from the family and
+    `attention_bias` (the module docstring); a qwen2 config with `attention_bias` set is a ValueError, since
+    transformers' Qwen2 ignores the key and a checkpoint written for it would not be one.
     `eos_token_id` is an int or a tuple of ints (Llama 3 Instruct lists several), as in the config.json.
     """
 
@@ -100,6 +112,9 @@ class ModelConfig:
             )
         if self.rope_scaling is not None and not isinstance(self.rope_scaling, Llama3RopeScaling):
             raise ValueError(f"rope_scaling must be None or a Llama3RopeScaling, got {self.rope_scaling!r}")
+        if self.model_type == "qwen2" and self.attention_bias:
+            raise ValueError("model_type 'qwen2' takes no attention_bias: its q/k/v projections always have biases "
+                             "and o_proj none (transformers' Qwen2Attention)")
         if isinstance(self.eos_token_id, list):
             # A frozen dataclass must stay hashable (it is static under jit): lists become tuples.
             object.__setattr__(self, "eos_token_id", tuple(self.eos_token_id))
@@ -107,6 +122,14 @@ class ModelConfig:
     @property
     def qk_norm(self) -> bool:
         return self.model_type == "qwen3"
+
+    @property
+    def qkv_bias(self) -> bool:
+        return self.model_type == "qwen2" or self.attention_bias
+
+    @property
+    def o_proj_bias(self) -> bool:
+        return self.attention_bias
 
     @classmethod
     def from_hf_dict(cls, d: Mapping[str, Any]) -> "ModelConfig":
@@ -191,7 +214,14 @@ def _reject_unsupported_features(d: Mapping[str, Any]) -> None:
     if d.get("hidden_act", "silu") != "silu":
         raise ValueError(f"unsupported hidden_act {d['hidden_act']!r}; only 'silu' (SwiGLU MLP) is implemented")
     if d.get("use_sliding_window") or "sliding_attention" in (d.get("layer_types") or ()):
-        raise ValueError("unsupported sliding-window attention (use_sliding_window / layer_types)")
+        # Refused whenever switched on, even where transformers would slide no layer (max_window_layers >=
+        # num_hidden_layers, as in QwQ-32B's config.json): the fix is one key, and the decoder never guesses which
+        # layers a config meant to slide.
+        raise ValueError(
+            f"unsupported sliding-window attention (use_sliding_window={d.get('use_sliding_window')!r}, "
+            f"sliding_window={d.get('sliding_window')!r}, max_window_layers={d.get('max_window_layers')!r}, "
+            f"layer_types={d.get('layer_types')!r}): only full attention is implemented; a checkpoint that slides "
+            "no layer can set use_sliding_window to false")
     if d.get("mlp_bias"):
         raise ValueError("unsupported mlp_bias=True; the MLP projections have no bias")
 
@@ -227,16 +257,19 @@ def _qwen3(hidden: int, intermediate: int, layers: int, heads: int, tied: bool) 
                        max_position_embeddings=40960, rope_theta=1e6, tie_word_embeddings=tied)
 
 
-def _qwen2_5(hidden: int, intermediate: int, layers: int, heads: int, kv_heads: int) -> ModelConfig:
-    # Qwen2.5 is not a supported model_type: its shapes as a Llama-family decoder. Its q/k/v biases (about 0.01%
-    # of the parameters) are left out, so parameter, memory and FLOP counts are those of the real model.
-    return ModelConfig(model_type="llama", vocab_size=152064, hidden_size=hidden, intermediate_size=intermediate,
-                       num_layers=layers, num_heads=heads, num_kv_heads=kv_heads, head_dim=128,
-                       max_position_embeddings=32768, rope_theta=1e6)
+def _qwen2_5(hidden: int, intermediate: int, layers: int, heads: int, kv_heads: int, *, vocab: int, tied: bool,
+             max_positions: int, rms_norm_eps: float = 1e-6) -> ModelConfig:
+    return ModelConfig(model_type="qwen2", vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate,
+                       num_layers=layers, num_heads=heads, num_kv_heads=kv_heads, head_dim=hidden // heads,
+                       max_position_embeddings=max_positions, rms_norm_eps=rms_norm_eps, rope_theta=1e6,
+                       tie_word_embeddings=tied)
 
 
 # The published architectures (their Hugging Face config.json) of the models the papers train, for planning
 # (`rubric-jax plan --model-preset`) without a checkpoint. Token ids are left unset: a plan needs only shapes.
+# Qwen2.5 presets are the base models' (RGR-GRPO trains Qwen2.5-3B and -7B base, DAPO Qwen2.5-32B base): the 3B's
+# context is 32768 and its embeddings tied, the 7B's and 32B's context 131072 (their Instruct models': 32768) and
+# the 32B's rms_norm_eps 1e-5.
 MODEL_PRESETS: Mapping[str, ModelConfig] = {
     "Qwen3-0.6B": _qwen3(1024, 3072, 28, 16, tied=True),
     "Qwen3-1.7B": _qwen3(2048, 6144, 28, 16, tied=True),
@@ -248,8 +281,10 @@ MODEL_PRESETS: Mapping[str, ModelConfig] = {
         model_type="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32,
         num_heads=32, num_kv_heads=8, head_dim=128, max_position_embeddings=131072, rms_norm_eps=1e-5,
         rope_theta=500000.0, rope_scaling=Llama3RopeScaling(8.0, 1.0, 4.0, 8192)),
-    "Qwen2.5-7B": _qwen2_5(3584, 18944, 28, 28, 4),
-    "Qwen2.5-32B": _qwen2_5(5120, 27648, 64, 40, 8),
+    "Qwen2.5-3B": _qwen2_5(2048, 11008, 36, 16, 2, vocab=151936, tied=True, max_positions=32768),
+    "Qwen2.5-7B": _qwen2_5(3584, 18944, 28, 28, 4, vocab=152064, tied=False, max_positions=131072),
+    "Qwen2.5-32B": _qwen2_5(5120, 27648, 64, 40, 8, vocab=152064, tied=False, max_positions=131072,
+                            rms_norm_eps=1e-5),
 }
 
 

@@ -1,4 +1,5 @@
-"""Flax NNX decoder for the Qwen3 and Llama 3 families, numerically matching transformers' implementations.
+"""Flax NNX decoder for the Qwen3, Qwen2 (Qwen2.5) and Llama 3 families, numerically matching transformers'
+implementations.
 
 Axis letters in array names: b batch, t query positions (the tokens of this call), s key positions (the tokens
 attended to: the same T tokens without a cache, the S_max cache slots with one), d model width, h query heads,
@@ -170,16 +171,18 @@ def causal_query_blocks(length: int) -> list[tuple[int, int]]:
 
 
 class Attention(nnx.Module):
-    """Grouped-query self-attention with RoPE; Qwen3 adds RMSNorm on each query and key head before RoPE.
-    `implementation` (`models.attention`) picks the full-sequence kernel; the cached path is always XLA's."""
+    """Grouped-query self-attention with RoPE; Qwen3 adds RMSNorm on each query and key head before RoPE, and the
+    projections' biases are the config's (`qkv_bias`: Qwen2 always, `o_proj_bias`). The biases are added before
+    the norm and RoPE, as in transformers. `implementation` (`models.attention`) picks the full-sequence kernel;
+    the cached path is always XLA's."""
 
     def __init__(self, config: ModelConfig, *, dtype, param_dtype, rngs: nnx.Rngs, implementation: str = "auto"):
-        width, head_dim, bias = config.hidden_size, config.head_dim, config.attention_bias
+        width, head_dim, qkv_bias = config.hidden_size, config.head_dim, config.qkv_bias
         dtypes = dict(dtype=dtype, param_dtype=param_dtype)
-        self.q_proj = Linear(width, config.num_heads * head_dim, use_bias=bias, rngs=rngs, **dtypes)
-        self.k_proj = Linear(width, config.num_kv_heads * head_dim, use_bias=bias, rngs=rngs, **dtypes)
-        self.v_proj = Linear(width, config.num_kv_heads * head_dim, use_bias=bias, rngs=rngs, **dtypes)
-        self.o_proj = Linear(config.num_heads * head_dim, width, use_bias=bias, rngs=rngs, **dtypes)
+        self.q_proj = Linear(width, config.num_heads * head_dim, use_bias=qkv_bias, rngs=rngs, **dtypes)
+        self.k_proj = Linear(width, config.num_kv_heads * head_dim, use_bias=qkv_bias, rngs=rngs, **dtypes)
+        self.v_proj = Linear(width, config.num_kv_heads * head_dim, use_bias=qkv_bias, rngs=rngs, **dtypes)
+        self.o_proj = Linear(config.num_heads * head_dim, width, use_bias=config.o_proj_bias, rngs=rngs, **dtypes)
         if config.qk_norm:
             self.q_norm = RMSNorm(head_dim, eps=config.rms_norm_eps, **dtypes)
             self.k_norm = RMSNorm(head_dim, eps=config.rms_norm_eps, **dtypes)

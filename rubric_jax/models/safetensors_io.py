@@ -81,9 +81,10 @@ def hf_name_table(config: ModelConfig) -> HfNameTable:
     table: HfNameTable = {"model.embed_tokens.weight": (("embed_tokens", "embedding"), False)}
     for i in range(config.num_layers):
         hf, path = f"model.layers.{i}", ("layers", i)
-        for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
+        for proj, bias in (("q_proj", config.qkv_bias), ("k_proj", config.qkv_bias), ("v_proj", config.qkv_bias),
+                           ("o_proj", config.o_proj_bias)):
             table[f"{hf}.self_attn.{proj}.weight"] = (path + ("self_attn", proj, "kernel"), True)
-            if config.attention_bias:
+            if bias:
                 table[f"{hf}.self_attn.{proj}.bias"] = (path + ("self_attn", proj, "bias"), False)
         if config.qk_norm:
             for norm in ("q_norm", "k_norm"):

@@ -32,7 +32,7 @@ def _require(ok: bool, message: str) -> None:
 class ModelInit:
     """A randomly initialised decoder built in code (the quickstart and tests), with the task's tokenizer."""
 
-    model_type: Literal["qwen3", "llama"] = "qwen3"
+    model_type: Literal["qwen3", "qwen2", "llama"] = "qwen3"
     hidden_size: int = 64
     intermediate_size: int = 192
     num_layers: int = 2

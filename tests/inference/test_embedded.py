@@ -17,6 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import scipy.stats
+import torch
+import transformers
 from flax import nnx
 
 from rubric_jax.inference import embedded
@@ -93,7 +95,7 @@ def model_logprobs(model: Decoder, prompt, output_ids, temperature: float) -> np
 # ---------------------------------------------------------------- greedy and logprobs against references
 
 
-@pytest.mark.parametrize("fixture", ["tiny_qwen3_dir", "tiny_llama_dir"])
+@pytest.mark.parametrize("fixture", ["tiny_qwen3_dir", "tiny_qwen2_dir", "tiny_llama_dir"])
 def test_greedy_equals_argmax_decoding_of_the_full_forward(request, fixture):
     model = _flat_model(str(request.getfixturevalue(fixture)))
     samples = EmbeddedEngine(model, eos_token_ids=()).generate(PROMPTS, greedy())
@@ -107,6 +109,26 @@ def test_greedy_equals_argmax_decoding_of_the_full_forward(request, fixture):
         assert list(sample.output_ids) == ids[len(prompt):]
         np.testing.assert_allclose(sample.logprobs, expected_logp, **LOGP_TOL)
         assert (sample.finish_reason, sample.matched_stop, sample.weight_version) == ("length", None, "0")
+
+
+@pytest.mark.parametrize("fixture", ["tiny_qwen3_dir", "tiny_qwen2_dir", "tiny_qwen2_untied_dir", "tiny_llama_dir"])
+def test_greedy_equals_transformers_generate(request, fixture):
+    """The KV-cache decode path of each family (Qwen2's q/k/v biases included) against transformers' own greedy
+    `generate` on the same (flattened) weights, one prompt at a time; both stop at the end-of-turn token."""
+    directory = str(request.getfixturevalue(fixture))
+    hf = transformers.AutoModelForCausalLM.from_pretrained(directory, attn_implementation="eager").eval()
+    with torch.no_grad():
+        hf.model.norm.weight.mul_(FLAT_SCALE)
+    samples = EmbeddedEngine(_flat_model(directory), eos_token_ids=(IM_END_ID,)).generate(PROMPTS, greedy())
+    for prompt, sample in zip(PROMPTS, samples):
+        with torch.no_grad():
+            out = hf.generate(torch.tensor([prompt]), max_new_tokens=NUM_NEW, do_sample=False, eos_token_id=IM_END_ID,
+                              pad_token_id=IM_END_ID, return_dict_in_generate=True, output_logits=True)
+        expected_ids = out.sequences[0, len(prompt):].tolist()
+        assert list(sample.output_ids) == expected_ids
+        expected_logp = [torch.log_softmax(logits[0], -1)[token].item() for logits, token in zip(out.logits,
+                                                                                                  expected_ids)]
+        np.testing.assert_allclose(sample.logprobs, expected_logp, **LOGP_TOL)
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])

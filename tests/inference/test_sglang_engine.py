@@ -12,7 +12,9 @@ import os
 import socket
 import sys
 
+import numpy as np
 import pytest
+import transformers
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -27,10 +29,10 @@ from rubric_jax.inference.sglang import (
     parse_weights_update,
     sglang_launch_command,
 )
-from rubric_jax.models.safetensors_io import load_hf_checkpoint
+from rubric_jax.models.safetensors_io import hf_name_table, load_hf_checkpoint
 from rubric_jax.models.tokenizer import apply_chat_template, load_tokenizer
 from tests.inference import standin_server
-from tests.inference.standin_server import drop_connection, http_error, malformed, slow
+from tests.inference.standin_server import StandinServer, drop_connection, embedded_engine, http_error, malformed, slow
 
 embedded_standin_module = standin_server.embedded_standin_module  # the fixtures this module uses
 embedded_standin = standin_server.embedded_standin
@@ -362,6 +364,29 @@ def test_weight_sync_changes_version_and_outputs(embedded_standin, tmp_path):
         engine.update_weights(new_model, "step-2")
         assert sorted(p.name for p in tmp_path.iterdir()) == ["step-2"]  # older versions are deleted
     assert embedded_standin.requests["/update_weights_from_disk"] == 2
+
+
+def test_weight_sync_of_a_qwen2_model_carries_its_biases_under_hf_names(tiny_qwen2_dir, tmp_path):
+    """What SGLang's Qwen2 loader reads (`/update_weights_from_disk`): q/k/v biases as `...{q,k,v}_proj.bias`, no
+    o_proj bias, a config.json transformers reads as Qwen2; the stand-in then serves the new biases."""
+    new_model = load_hf_checkpoint(tiny_qwen2_dir)
+    for layer in new_model.layers:
+        for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+            proj.bias.set_value(-proj.bias.get_value())
+    engine = embedded_engine(tiny_qwen2_dir)
+    with StandinServer(engine, tokenizer=engine.tokenizer, model_path=str(tiny_qwen2_dir)) as server:
+        with make_engine(server, tmp_path, max_prompts_per_request=len(PROMPTS)) as client:
+            before = client.generate(PROMPTS, GREEDY)
+            client.update_weights(new_model, "step-1")
+            after = client.generate(PROMPTS, GREEDY)
+    written = load_hf_checkpoint(tmp_path / "step-1")
+    biases = [name for name in hf_name_table(written.config) if name.endswith(".bias")]
+    assert biases == [f"model.layers.{i}.self_attn.{p}_proj.bias" for i in range(2) for p in "qkv"]
+    np.testing.assert_array_equal(np.asarray(written.layers[1].self_attn.v_proj.bias.get_value()),
+                                  np.asarray(new_model.layers[1].self_attn.v_proj.bias.get_value()))
+    assert type(transformers.AutoConfig.from_pretrained(tmp_path / "step-1")) is transformers.Qwen2Config
+    assert [s.output_ids for s in after] != [s.output_ids for s in before]
+    assert after == engine.generate(PROMPTS, GREEDY)  # served by the synced weights
 
 
 def test_rollouts_in_flight_during_a_weight_update_are_stale(embedded_standin, tmp_path):

@@ -16,7 +16,7 @@ import torch
 import transformers
 from flax import nnx
 
-from rubric_jax.models.config import Llama3RopeScaling, ModelConfig
+from rubric_jax.models.config import Llama3RopeScaling, ModelConfig, preset_config
 from rubric_jax.models.decoder import (
     ACTIVATION_AXES,
     MAX_QUERY_BLOCKS,
@@ -29,7 +29,8 @@ from rubric_jax.models.decoder import (
 from rubric_jax.models.safetensors_io import load_hf_checkpoint
 from tests.tiny_checkpoints import CHAT_TEMPLATE, VOCAB_SIZE
 
-MODEL_FIXTURES = ["tiny_qwen3_dir", "tiny_qwen3_untied_dir", "tiny_llama_dir"]
+MODEL_FIXTURES = ["tiny_qwen3_dir", "tiny_qwen3_untied_dir", "tiny_qwen2_dir", "tiny_qwen2_untied_dir",
+                  "tiny_llama_dir"]
 # float32 on the CPU: the two implementations differ only in summation order; observed max |diff| ~2e-5 on
 # logits of magnitude up to ~60 (tied Qwen3), ~2e-6 on magnitude ~4.
 PARITY_TOL = dict(atol=1e-4, rtol=1e-4)
@@ -309,6 +310,53 @@ def test_published_llama_3_2_config():
     })
     assert (config.num_kv_heads, config.head_dim, config.qk_norm) == (8, 64, False)
     assert config.rope_scaling == Llama3RopeScaling(32.0, 1.0, 4.0, 8192)
+
+
+def test_published_qwen2_5_7b_config_is_the_preset():
+    # Qwen/Qwen2.5-7B's (base) config.json, transformers 4 layout, as published.
+    config = ModelConfig.from_hf_dict({
+        "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643,
+        "eos_token_id": 151643, "hidden_act": "silu", "hidden_size": 3584, "initializer_range": 0.02,
+        "intermediate_size": 18944, "max_position_embeddings": 131072, "max_window_layers": 28, "model_type": "qwen2",
+        "num_attention_heads": 28, "num_hidden_layers": 28, "num_key_value_heads": 4, "rms_norm_eps": 1e-06,
+        "rope_theta": 1000000.0, "sliding_window": 131072, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+        "transformers_version": "4.43.1", "use_cache": True, "use_mrope": False, "use_sliding_window": False,
+        "vocab_size": 152064,
+    })
+    assert (config.head_dim, config.qkv_bias, config.o_proj_bias, config.qk_norm) == (128, True, False, False)
+    assert config == dataclasses.replace(preset_config("Qwen2.5-7B"), bos_token_id=151643, eos_token_id=151643)
+
+
+def test_qwen2_has_qkv_biases_and_no_o_proj_bias(tiny_qwen2_dir):
+    config = ModelConfig.from_pretrained(tiny_qwen2_dir)
+    attention = nnx.eval_shape(lambda: Decoder(config, rngs=nnx.Rngs(0))).layers[0].self_attn
+    assert [p.bias.shape for p in (attention.q_proj, attention.k_proj, attention.v_proj)] == [(64,), (32,), (32,)]
+    assert attention.o_proj.bias is None and attention.q_norm is None
+    with pytest.raises(ValueError, match="'qwen2' takes no attention_bias"):
+        dataclasses.replace(config, attention_bias=True)
+
+
+def test_qwen2_missing_keys_take_transformers_defaults(tiny_qwen2_dir):
+    saved = json.loads((tiny_qwen2_dir / "config.json").read_text())
+    bare = {k: v for k, v in saved.items() if k not in ("max_position_embeddings", "rope_parameters", "rms_norm_eps")}
+    config, defaults = ModelConfig.from_hf_dict(bare), transformers.Qwen2Config()
+    assert config.max_position_embeddings == defaults.max_position_embeddings == 32768
+    assert config.rope_theta == defaults.rope_parameters["rope_theta"] == 10000.0
+    assert config.rms_norm_eps == defaults.rms_norm_eps == 1e-6
+
+
+@pytest.mark.parametrize("change", [
+    {"use_sliding_window": True, "sliding_window": 4096, "max_window_layers": 1},
+    # Refused even when transformers would slide no layer (max_window_layers >= num_hidden_layers): the config
+    # says so with use_sliding_window false.
+    {"use_sliding_window": True, "sliding_window": 4096, "max_window_layers": 28},
+    {"layer_types": ["full_attention", "sliding_attention"]},
+])
+def test_qwen2_sliding_window_is_refused_naming_its_keys(tiny_qwen2_dir, change):
+    config = {**json.loads((tiny_qwen2_dir / "config.json").read_text()), **change}
+    with pytest.raises(ValueError, match=r"unsupported sliding-window attention \(use_sliding_window=.*"
+                                         r"max_window_layers=.*layer_types="):
+        ModelConfig.from_hf_dict(config)
 
 
 @pytest.mark.parametrize(

@@ -27,7 +27,8 @@ from rubric_jax.models.decoder import Decoder
 from rubric_jax.models.safetensors_io import hf_name_table, load_hf_checkpoint, save_hf_checkpoint
 from rubric_jax.models.sharding import make_mesh, param_partition_spec, partition_rules
 
-MODEL_FIXTURES = ["tiny_qwen3_dir", "tiny_qwen3_untied_dir", "tiny_llama_dir"]
+MODEL_FIXTURES = ["tiny_qwen3_dir", "tiny_qwen3_untied_dir", "tiny_qwen2_dir", "tiny_qwen2_untied_dir",
+                  "tiny_llama_dir"]
 TOKENS = np.array([[5, 17, 250, 3, 99, 300, 7, 64], [1, 2, 3, 4, 5, 6, 7, 8]])
 # Per-parameter bytes of the fixtures run from 64 (a q_norm scale in float32) to 80 KiB (the embedding): 16 KiB
 # shards give several files, some holding many small tensors, the embedding one of its own.
@@ -303,6 +304,18 @@ def test_an_unexpected_tensor_is_a_value_error_naming_it(tiny_llama_dir, tmp_pat
     tensors = {**_file_tensors(tiny_llama_dir), "model.layers.0.mlp.gate_proj.bias": np.zeros(128, np.float32)}
     directory = _copy_checkpoint(tiny_llama_dir, tmp_path / "ckpt", tensors=tensors)
     with pytest.raises(ValueError, match=r"unexpected tensors 'model\.layers\.0\.mlp\.gate_proj\.bias'"):
+        load_hf_checkpoint(directory)
+
+
+def test_a_qwen2_checkpoint_without_its_biases_or_with_an_o_proj_bias_is_a_value_error(tiny_qwen2_dir, tmp_path):
+    tensors = _file_tensors(tiny_qwen2_dir)
+    del tensors["model.layers.1.self_attn.k_proj.bias"]
+    directory = _copy_checkpoint(tiny_qwen2_dir, tmp_path / "missing", tensors=tensors)
+    with pytest.raises(ValueError, match=r"missing tensors 'model\.layers\.1\.self_attn\.k_proj\.bias'"):
+        load_hf_checkpoint(directory)
+    tensors = {**_file_tensors(tiny_qwen2_dir), "model.layers.0.self_attn.o_proj.bias": np.zeros(64, np.float32)}
+    directory = _copy_checkpoint(tiny_qwen2_dir, tmp_path / "extra", tensors=tensors)
+    with pytest.raises(ValueError, match=r"unexpected tensors 'model\.layers\.0\.self_attn\.o_proj\.bias'"):
         load_hf_checkpoint(directory)
 
 

@@ -20,7 +20,7 @@ from rubric_jax.models.config import ModelConfig
 from rubric_jax.models.decoder import Decoder
 from rubric_jax.models.logprobs import sequence_logprobs
 
-MODEL_FIXTURES = ["tiny_qwen3_dir", "tiny_qwen3_untied_dir", "tiny_llama_dir"]
+MODEL_FIXTURES = ["tiny_qwen3_dir", "tiny_qwen3_untied_dir", "tiny_qwen2_dir", "tiny_llama_dir"]
 # (data, fsdp, tensor). Tiny models: hidden 64, 4 query / 2 KV heads of 16, MLP 128, vocab 320. tensor=4
 # splits query heads, the MLP and the vocabulary, but not the 2 KV heads, which fall back to replicated.
 MESHES = {"fsdp": (1, 8, 1), "tensor": (2, 1, 4), "mixed": (2, 2, 2)}
@@ -60,6 +60,20 @@ def test_partition_specs_are_what_the_rules_say(tiny_qwen3_untied_dir):
     for path, spec in expected.items():
         assert specs[path] == spec, path
         assert sharding.param_partition_spec(path, shapes[path], rules, {"data": 1, "fsdp": 2, "tensor": 4}) == spec
+
+
+def test_qwen2_biases_split_like_their_kernels_output_heads(tiny_qwen2_dir):
+    rules = sharding.partition_rules(ModelConfig.from_pretrained(tiny_qwen2_dir))
+    params = nnx.state(abstract_decoder(tiny_qwen2_dir))
+    for tensor, q_spec, kv_spec in [(4, P("tensor"), P(None)),  # 4 query heads split 4 ways, 2 KV heads do not
+                                    (2, P("tensor"), P("tensor"))]:
+        mesh = sharding.make_mesh(1, 8 // tensor, tensor)
+        specs = {path: s.spec for path, s in flat_params(sharding.param_shardings(params, mesh, rules)).items()}
+        assert specs["layers.0.self_attn.q_proj.bias"] == q_spec
+        assert specs["layers.1.self_attn.k_proj.bias"] == specs["layers.1.self_attn.v_proj.bias"] == kv_spec
+        # The bias splits exactly as its kernel's output axis does.
+        for proj in ("q_proj", "k_proj", "v_proj"):
+            assert specs[f"layers.0.self_attn.{proj}.bias"][0] == specs[f"layers.0.self_attn.{proj}.kernel"][1]
 
 
 @pytest.mark.parametrize("fixture", MODEL_FIXTURES)
@@ -175,10 +189,13 @@ def run_learner(directory: str, mesh_shape: tuple[int, int, int]):
     return logprobs, jax.device_get(metrics), jax.device_get(flat_params(params))
 
 
-@pytest.mark.parametrize("mesh_name", MESHES)
-def test_sharded_forward_and_train_step_equal_unsharded(mesh_name, tiny_qwen3_untied_dir):
-    logprobs, metrics, params = run_learner(str(tiny_qwen3_untied_dir), MESHES[mesh_name])
-    ref_logprobs, ref_metrics, ref_params = run_learner(str(tiny_qwen3_untied_dir), (1, 1, 1))
+# Qwen2 on the mixed mesh: its q/k/v biases split over "tensor" with their heads, and their gradients too.
+@pytest.mark.parametrize("fixture, mesh_name", [*(("tiny_qwen3_untied_dir", name) for name in MESHES),
+                                                ("tiny_qwen2_dir", "mixed")])
+def test_sharded_forward_and_train_step_equal_unsharded(fixture, mesh_name, request):
+    directory = str(request.getfixturevalue(fixture))
+    logprobs, metrics, params = run_learner(directory, MESHES[mesh_name])
+    ref_logprobs, ref_metrics, ref_params = run_learner(directory, (1, 1, 1))
     for value, ref_value in zip(logprobs, ref_logprobs):
         np.testing.assert_allclose(value, ref_value, **TOL)
     assert metrics.keys() == ref_metrics.keys() == {"loss", "grad_norm", "entropy", "clip_fraction"}

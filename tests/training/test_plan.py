@@ -28,6 +28,7 @@ WIDTH, MLP, HEADS, KV_HEADS, HEAD, VOCAB, LAYERS = 512, 1024, 4, 2, 128, 512, 1
 TINY = ModelConfig(model_type="qwen3", vocab_size=VOCAB, hidden_size=WIDTH, intermediate_size=MLP,
                    num_layers=LAYERS, num_heads=HEADS, num_kv_heads=KV_HEADS, head_dim=HEAD,
                    max_position_embeddings=4096)
+TINY_QWEN2 = dataclasses.replace(TINY, model_type="qwen2")  # q/k/v biases instead of q/k norms
 PROMPT, RESPONSE, ROWS = 128, 128, 128
 # The inputs of the learner's batch that the rar recipe's step reads (jit drops the others: the rollout logprobs):
 # int32 tokens and positions, bool masks, float32 advantages and old logprobs.
@@ -47,7 +48,7 @@ def _config_file(tmp_path, model: ModelConfig = TINY) -> str:
     return str(path)
 
 
-def _expected_parameters_per_chip(*, fsdp: int, tensor: int) -> int:
+def _expected_parameters_per_chip(model: ModelConfig, *, fsdp: int, tensor: int) -> int:
     """The policy's parameters on one chip, by the partition rules of `models.sharding`."""
     def kernel(rows, cols, tensor_dim):
         # Every 2-D kernel is split over fsdp on its model dimension and over tensor on its other one.
@@ -55,26 +56,32 @@ def _expected_parameters_per_chip(*, fsdp: int, tensor: int) -> int:
 
     per_layer = (kernel(WIDTH, HEADS * HEAD, True) + 2 * kernel(WIDTH, KV_HEADS * HEAD, True)
                  + kernel(HEADS * HEAD, WIDTH, True) + 3 * kernel(WIDTH, MLP, True)
-                 + 2 * WIDTH + 2 * HEAD)  # the norms are replicated
+                 + 2 * WIDTH)  # the norms are replicated
+    if model.qk_norm:
+        per_layer += 2 * HEAD  # replicated
+    if model.qkv_bias:
+        per_layer += (HEADS + 2 * KV_HEADS) * HEAD // tensor  # split over tensor by heads, like the kernels' outputs
     return LAYERS * per_layer + 2 * kernel(VOCAB, WIDTH, True) + WIDTH  # embedding, lm_head, final norm
 
 
-def _expected_argument_bytes(*, fsdp: int, tensor: int, data: int) -> int:
+def _expected_argument_bytes(model: ModelConfig, *, fsdp: int, tensor: int, data: int) -> int:
     """Parameters, AdamW's two moments and the batch per chip."""
-    params = _expected_parameters_per_chip(fsdp=fsdp, tensor=tensor)
+    params = _expected_parameters_per_chip(model, fsdp=fsdp, tensor=tensor)
     batch = ROWS // (data * fsdp) * (PROMPT + RESPONSE) * BATCH_BYTES_PER_TOKEN
     return 3 * 4 * params + OPTIMIZER_SCALARS * TILE + batch
 
 
-@pytest.mark.parametrize("topology, mesh", [("v5e:2x2", dict(data=1, fsdp=4, tensor=1)),
-                                            ("v4:2x2x1", dict(data=1, fsdp=2, tensor=2))])
-def test_argument_bytes_follow_the_partition_rules(tmp_path, topology, mesh):
+@pytest.mark.parametrize("model, topology, mesh", [(TINY, "v5e:2x2", dict(data=1, fsdp=4, tensor=1)),
+                                                   (TINY, "v4:2x2x1", dict(data=1, fsdp=2, tensor=2)),
+                                                   (TINY_QWEN2, "v4:2x2x1", dict(data=1, fsdp=2, tensor=2))],
+                         ids=["qwen3-fsdp", "qwen3-tensor", "qwen2-tensor"])
+def test_argument_bytes_follow_the_partition_rules(tmp_path, model, topology, mesh):
     # XLA attention: the splash kernel adds its mask tables to the arguments.
     overrides = ["model.attention=xla", *(f"learner.mesh.{axis}={size}" for axis, size in mesh.items())]
-    config = load_config(RLConfig, _config_file(tmp_path), overrides)
-    result = plan.plan_learner(config, TINY, topology, prompt_tokens=PROMPT)
+    config = load_config(RLConfig, _config_file(tmp_path, model), overrides)
+    result = plan.plan_learner(config, model, topology, prompt_tokens=PROMPT)
     assert result.chips == 4 and result.mesh == mesh
-    assert result.train.argument_bytes == _expected_argument_bytes(**mesh)
+    assert result.train.argument_bytes == _expected_argument_bytes(model, **mesh)
     assert result.fits and result.attention == "xla"
     assert result.train.flops > 0 and 0 < result.mfu_ceiling <= 1
     assert result.step_flops >= result.model_flops == 6 * result.parameters * ROWS * (PROMPT + RESPONSE)
@@ -114,7 +121,7 @@ def test_a_second_role_a_critic_and_a_reference_are_planned_and_their_state_coun
     assert (result.rows, result.logprob_rows, result.length) == (32, 32, PROMPT + 256)
     assert [phase.name for phase in result.phases] == ["train step", "critic update", "logprobs", "critic values"]
     state = result.state_bytes
-    policy_bytes = 4 * _expected_parameters_per_chip(fsdp=4, tensor=1)
+    policy_bytes = 4 * _expected_parameters_per_chip(TINY, fsdp=4, tensor=1)
     assert state["policy"] == state["reference"] == policy_bytes
     assert state["optimizer"] == 2 * policy_bytes + 2 * 4
     # The critic: the trunk without the (untied) lm_head, plus a [D, 1] head (split over fsdp) and its bias.
@@ -158,10 +165,21 @@ def test_cli_input_errors_exit_2_with_one_line(tmp_path, capsys, args, message):
     assert message in err and err.count("\n") == 1
 
 
+def _qwen2_parameters(vocab, hidden, mlp, layers, kv_width, tied):
+    """A Qwen2 decoder's parameter count by hand: per layer the q and o kernels (hidden^2 each), k and v kernels
+    (hidden x kv_width), the q/k/v biases (hidden + 2 kv_width), the SwiGLU MLP (3 hidden x mlp) and two norms;
+    the embedding, the untied lm_head and the final norm."""
+    per_layer = 2 * hidden * hidden + 2 * hidden * kv_width + hidden + 2 * kv_width + 3 * hidden * mlp + 2 * hidden
+    return layers * per_layer + (1 if tied else 2) * vocab * hidden + hidden
+
+
 @pytest.mark.parametrize("name, parameters", [
     ("Llama-3.1-8B", 8_030_261_248),  # the model card's count
-    # Qwen2.5-7B's 7,615,616,512 less its q/k/v biases: 28 layers x (3584 + 2 * 512)
-    ("Qwen2.5-7B", 7_615_616_512 - 28 * (3584 + 2 * 512)),
+    # From Qwen2.5's published config.json shapes (head_dim 128): the published counts 3,085,938,688 (3B),
+    # 7,615,616,512 (7B) and 32,763,876,352 (32B, its safetensors' 65,527,752,704 bfloat16 bytes / 2).
+    ("Qwen2.5-3B", _qwen2_parameters(151936, 2048, 11008, 36, 2 * 128, tied=True)),
+    ("Qwen2.5-7B", _qwen2_parameters(152064, 3584, 18944, 28, 4 * 128, tied=False)),
+    ("Qwen2.5-32B", _qwen2_parameters(152064, 5120, 27648, 64, 8 * 128, tied=False)),
 ])
 def test_presets_have_the_published_parameter_counts(name, parameters):
     abstract = nnx.eval_shape(lambda: Decoder(preset_config(name), rngs=nnx.Rngs(0)))

@@ -3,6 +3,7 @@ checkpoints, plots and the final model; the update optimises its objective on a 
 keeps a frozen reference; several epochs, mini-batches and micro-batches run; the engine gets each step's
 weights."""
 
+import dataclasses
 import itertools
 import json
 import math
@@ -88,6 +89,25 @@ def test_one_full_rl_step_writes_every_metric_checkpoint_plot_and_model(tmp_path
     assert load_config(RLConfig, run / "config.yaml").algorithm.params["max_items"] == 16
     saved = load_hf_checkpoint(run / "model")
     assert saved.config.hidden_size == TINY.hidden_size
+
+
+@pytest.mark.parametrize("source", ["init", "checkpoint"])
+def test_one_rl_step_trains_a_qwen2_policy_and_its_biases(tmp_path, tiny_qwen2_untied_dir, source):
+    """Qwen2 end to end, random (`model.init.model_type: qwen2`) or from a Hugging Face directory: the engine's
+    logprobs are the learner's, the q/k/v biases get gradients, and the saved model is Qwen2 with its biases."""
+    if source == "init":
+        model = ModelSpec(init=dataclasses.replace(TINY, model_type="qwen2"))
+        initial_bias = np.zeros(TINY.num_heads * TINY.head_dim, np.float32)  # Linear biases start at zero
+    else:
+        model = ModelSpec(path=str(tiny_qwen2_untied_dir))
+        initial_bias = np.asarray(load_hf_checkpoint(tiny_qwen2_untied_dir).layers[0].self_attn.q_proj.bias[...])
+    last = train_rl(tiny_rl_config(tmp_path, model=model), toy_task())
+    assert all(math.isfinite(value) for value in last.values())
+    assert last["mismatch/max_abs"] < 1e-4 and last["train/grad_norm"] > 0
+    saved = load_hf_checkpoint(tmp_path / "run" / "model")
+    attention = saved.layers[0].self_attn
+    assert saved.config.model_type == "qwen2" and attention.o_proj.bias is None
+    assert not np.array_equal(np.asarray(attention.q_proj.bias[...]), initial_bias)
 
 
 def test_several_epochs_mini_batches_and_micro_batches_and_a_kl_penalty(tmp_path):
