@@ -168,10 +168,9 @@ def test_the_saved_policy_gathers_every_shard(runs):
 RL_STEPS = 2
 
 
-@pytest.fixture(scope="module")
-def rl_run(tmp_path_factory) -> Path:
-    """The output directory of a 2-step RL run (rar on the toy task) in two processes."""
-    root = tmp_path_factory.mktemp("multihost_rl")
+def two_process_rl_run(root: Path, changes: dict, *worker_args: str) -> Path:
+    """The output directory of a 2-step RL run of a tiny random model on the toy task in two processes (data 2 x
+    fsdp 4), its config the rar run's with `changes`; `worker_args` go to tests.training.multihost_rl_worker."""
     out = root / "run"
     config = {
         "output_dir": str(out), "steps": RL_STEPS, "seed": 5,
@@ -180,18 +179,25 @@ def rl_run(tmp_path_factory) -> Path:
         "rollout": {"prompts_per_step": 2, "group_size": 4, "max_new_tokens": 8},
         "learner": {"mesh": {"data": 2, "fsdp": 4}},
         "algorithm": {"name": "rar"},
-        "rollout_log": {"every_steps": 1},
         "checkpoint": {"every_steps": 1, "keep": 2},
-        "metrics": {"console": False, "tensorboard": False, "plots": True},
+        "metrics": {"console": False, "tensorboard": False, "plots": False},
+        **changes,
     }
     (root / "config.yaml").write_text(yaml.safe_dump(config))
     out.mkdir()
     launcher = Launcher("tests.training.multihost_rl_worker", root / "cache")
     try:
-        finish(launcher.start_pair(out, root / "config.yaml", out))
+        finish(launcher.start_pair(out, root / "config.yaml", out, *worker_args))
     finally:
         launcher.kill_all()
     return out
+
+
+@pytest.fixture(scope="module")
+def rl_run(tmp_path_factory) -> Path:
+    """The output directory of a 2-step RL run (rar on the toy task) in two processes."""
+    return two_process_rl_run(tmp_path_factory.mktemp("multihost_rl"), {
+        "rollout_log": {"every_steps": 1}, "metrics": {"console": False, "tensorboard": False, "plots": True}})
 
 
 def test_each_process_samples_and_judges_only_its_share_of_the_prompts(rl_run):
@@ -220,26 +226,9 @@ def resample_run(tmp_path_factory) -> Path:
     """The output directory of a 2-step rubric-grounded run re-sampling (at most 4 generation batches a step) in two
     processes, on the toy task whose two-step problems tie (an empty rubric): a process whose share is tied draws
     again, and the other with it."""
-    root = tmp_path_factory.mktemp("multihost_resample")
-    out = root / "run"
-    config = {
-        "output_dir": str(out), "steps": RL_STEPS, "seed": 5,
-        "model": {"init": {"hidden_size": 32, "intermediate_size": 64, "num_layers": 1, "num_heads": 2,
-                           "num_kv_heads": 1, "head_dim": 16, "max_position_embeddings": 96}},
-        "rollout": {"prompts_per_step": 2, "group_size": 4, "max_new_tokens": 8},
-        "learner": {"mesh": {"data": 2, "fsdp": 4}},
-        "algorithm": {"name": "rubric_grounded", "params": {"dynamic_sampling": "resample", "max_num_gen_batches": 4}},
-        "checkpoint": {"every_steps": 1, "keep": 2},
-        "metrics": {"console": False, "tensorboard": False, "plots": False},
-    }
-    (root / "config.yaml").write_text(yaml.safe_dump(config))
-    out.mkdir()
-    launcher = Launcher("tests.training.multihost_rl_worker", root / "cache")
-    try:
-        finish(launcher.start_pair(out, root / "config.yaml", out, "half_tied"))
-    finally:
-        launcher.kill_all()
-    return out
+    return two_process_rl_run(tmp_path_factory.mktemp("multihost_resample"), {"algorithm": {
+        "name": "rubric_grounded", "params": {"dynamic_sampling": "resample", "max_num_gen_batches": 4}}},
+        "half_tied")
 
 
 def test_resampling_processes_draw_the_same_generation_batches_each_its_share(resample_run):
