@@ -742,12 +742,6 @@ def group_rows(group_ids: np.ndarray, groups: Sequence[int]) -> np.ndarray:
     return np.concatenate([np.flatnonzero(group_ids == g) for g in groups] + [np.zeros(0, np.int64)])
 
 
-def _take_verdicts(verdicts: Verdicts, rows: np.ndarray) -> Verdicts:
-    return Verdicts(verdicts.satisfied_bk[rows], verdicts.item_step_bk[rows], verdicts.failed_b[rows],
-                    tuple(verdicts.reasons[r] for r in rows), tuple(verdicts.details[r] for r in rows),
-                    tuple(verdicts.answers[r] for r in rows))
-
-
 def take_groups(groups: GroupBatch, chosen: Sequence[int]) -> GroupBatch:
     """The groups `chosen` (indices into `groups.examples`) of `groups`, in that order, renumbered 0, 1, ..."""
     rollouts = groups.rollouts
@@ -760,7 +754,7 @@ def take_groups(groups: GroupBatch, chosen: Sequence[int]) -> GroupBatch:
                      prompt_width=rollouts.prompt_width)
     return GroupBatch(
         examples=[groups.examples[g] for g in chosen], rollouts=taken, correct_b=groups.correct_b[rows],
-        verdicts=None if groups.verdicts is None else _take_verdicts(groups.verdicts, rows),
+        verdicts=None if groups.verdicts is None else groups.verdicts.take(rows),
         rubrics=None if groups.rubrics is None else [groups.rubrics[r] for r in rows])
 
 
@@ -779,12 +773,7 @@ def concat_groups(parts: Sequence[GroupBatch], pad_id: int) -> GroupBatch:
     judged = parts[0].verdicts is not None
     if any((p.verdicts is not None) != judged for p in parts):
         raise ValueError("concat_groups needs every part judged or none")
-    verdicts = None
-    if judged:
-        verdicts = Verdicts(*(np.concatenate([getattr(p.verdicts, f) for p in parts])
-                              for f in ("satisfied_bk", "item_step_bk", "failed_b")),
-                            *(tuple(x for p in parts for x in getattr(p.verdicts, f))
-                              for f in ("reasons", "details", "answers")))
+    verdicts = Verdicts.concatenate([p.verdicts for p in parts]) if judged else None
     return GroupBatch(examples=[e for p in parts for e in p.examples], rollouts=rollouts,
                       correct_b=np.concatenate([p.correct_b for p in parts]), verdicts=verdicts,
                       rubrics=[r for p in parts for r in p.rubrics] if judged else None)

@@ -217,6 +217,14 @@ class Verdicts:
             answers=tuple(a for p in parts for a in p.answers),
         )
 
+    def take(self, rows: np.ndarray) -> "Verdicts":
+        """The rows `rows` (indices, in that order) as one batch."""
+        return type(self)(
+            satisfied_bk=self.satisfied_bk[rows], item_step_bk=self.item_step_bk[rows], failed_b=self.failed_b[rows],
+            reasons=tuple(self.reasons[r] for r in rows), details=tuple(self.details[r] for r in rows),
+            answers=tuple(self.answers[r] for r in rows),
+        )
+
     def failure_counts(self) -> collections.Counter:
         """Failed rollouts counted by reason."""
         return collections.Counter(reason for reason in self.reasons if reason)
