@@ -6,7 +6,7 @@ Layout under `out`: sft/ (the cold start; skipped when sft/model exists, so a re
 directory per variant and seed, `<variant>/seed<k>/` (each an RL run that resumes from its checkpoints),
 table.md, results.json and plots/<metric>.png (one curve per variant, the mean over seeds at each step).
 
-Table entries: a key starting with "eval/" is the held-out evaluation of the final policy (`evaluate_directory`,
+Table entries: a key starting with "eval/" is the held-out evaluation of the final policy (`evaluate_saved_model`,
 the run's own eval settings); any other key is the mean of its training values over the last fifth of the steps
 (at least one step), since single-step training metrics are noisy. With several seeds an entry is "mean ± std"
 (population std over seeds). The row "sft" is the cold-start policy, evaluated once.
@@ -21,7 +21,7 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 
 from rubric_jax import strict_json
-from rubric_jax.quickstart import evaluate_directory
+from rubric_jax.training.evaluate import evaluate_saved_model
 from rubric_jax.training.metrics import read_metrics
 from rubric_jax.training.rl import train_rl
 from rubric_jax.training.run_config import (
@@ -107,7 +107,7 @@ def _rl_config(variant: Variant, model_path: Path, out: Path, seed: int, args: a
 
 
 def _evaluate(model_dir: Path, task: Any, config: RLConfig, seed: int, extra_eval) -> dict[str, float]:
-    metrics = evaluate_directory(model_dir, task, config.eval, max_new_tokens=config.rollout.max_new_tokens,
+    metrics = evaluate_saved_model(model_dir, task, config.eval, max_new_tokens=config.rollout.max_new_tokens,
                                  seed=seed, chat_template_kwargs=config.model.chat_template_kwargs)
     if extra_eval is not None:
         metrics.update(extra_eval(model_dir, task, config, seed))

@@ -4,11 +4,6 @@ a run config checked against its dataset, its first prompts rendered, without tr
 
 - `dataset_params(preset, path, split)`: task "dataset" params that hold out the whole file, as a benchmark is
   evaluated: every usable row, in the seeded order.
-- `benchmark_tasks(eval_config, seed)`: the tasks and rows of a run config's evaluation benchmarks
-  (`EvalConfig.benchmarks`), read before training starts and handed to `train_rl`.
-- `model_engine`: the policy saved in a Hugging Face directory, sampled in process (the embedded sampler, for
-  CPU and small models) or by an SGLang server already serving it (`sglang_url`; the directory then gives only
-  the tokenizer).
 - `evaluate_model`: `training.evaluate.evaluate` in chunks, a tqdm bar on stderr.
 - `judge_failure(metrics, judge)`: training's failure budget (`JudgeConfig.max_failure_rate`) applied to the
   evaluation as a whole; `failed_judge_report` the report of an evaluation whose judge failed: what depends on
@@ -33,16 +28,14 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 from rubric_jax import strict_json
 from rubric_jax.algorithms.registry import algorithm_class
 from rubric_jax.data import presets
-from rubric_jax.data.tasks import build_task
 from rubric_jax.inference.engine import RolloutEngine
 from rubric_jax.judges import llm
 from rubric_jax.judges.base import Judge, JudgeRequest
 from rubric_jax.judges.preflight import PreflightFailed, require_parsed
-from rubric_jax.quickstart import embedded_engine_from
-from rubric_jax.training import policy
 from rubric_jax.training.evaluate import evaluate
-from rubric_jax.training.rl import (PLACEHOLDER_RESPONSE, check_frozen_engine, check_rubric_width, llm_preflights,
-                                    make_judge, make_meta_verifier, prompt_lengths, prompt_refusal)
+from rubric_jax.training.assembly import make_judge, make_meta_verifier
+from rubric_jax.training.launch import (PLACEHOLDER_RESPONSE, check_frozen_engine, check_rubric_width, llm_preflights,
+                                        prompt_lengths, prompt_refusal)
 from rubric_jax.training.run_config import EvalConfig, JudgeConfig, RLConfig, resolve_algorithm
 
 DEFAULT_CHUNK = 32
@@ -58,39 +51,6 @@ def dataset_params(preset: str, path: str, split: str = "train") -> dict[str, An
         raise ValueError(f"--dataset {preset!r} is neither a preset nor a YAML config; presets: "
                          f"{', '.join(sorted(presets.PRESETS))}")
     return {"preset": preset, "path": path, "split": split, "eval_path": path}
-
-
-def benchmark_tasks(config: EvalConfig, seed: int) -> dict[str, tuple[Any, list]]:
-    """name -> (task, examples) for each benchmark of the eval section `config`: task "dataset" over its file
-    (`EvalBenchmark.task_params`) and its first `num_examples` usable rows (all by default). ValueError naming
-    eval.benchmarks.<name> for a file, column or preset that does not read, or a preset without answers."""
-    tasks = {}
-    for name, benchmark in config.benchmarks.items():
-        where = f"eval.benchmarks.{name}"
-        try:
-            task = build_task("dataset", benchmark.task_params(), seed)
-        except ValueError as error:
-            raise ValueError(f"{where}: {error}") from None
-        if not task.has_outcome:
-            raise ValueError(f"{where}: preset {benchmark.preset} has no answers to check (answer_kind none): a "
-                             "benchmark reports accuracy (evaluate a rubric dataset with rubric-jax eval and a judge)")
-        count = benchmark.num_examples or int(task.data_metrics()["data/eval_rows"])
-        tasks[name] = (task, task.eval_examples(count))
-    return tasks
-
-
-def model_engine(model_dir: str, *, seed: int, sglang_url: Optional[str] = None,
-                 chat_template_kwargs: Optional[Mapping[str, Any]] = None) -> tuple[RolloutEngine, Any]:
-    """(engine, tokenizer) for the policy saved in `model_dir` (module docstring)."""
-    if sglang_url is None:
-        return embedded_engine_from(Path(model_dir), seed, chat_template_kwargs)
-    from rubric_jax.inference.sglang import SGLangEngine  # noqa: PLC0415  (only on hosts with a server)
-    from rubric_jax.models.tokenizer import load_tokenizer  # noqa: PLC0415
-
-    tokenizer = load_tokenizer(model_dir)
-    eos_ids, _ = policy.eos_and_pad(tokenizer)
-    return SGLangEngine(sglang_url, tokenizer=tokenizer, chat_template_kwargs=chat_template_kwargs,
-                        eos_token_ids=eos_ids, seed=seed), tokenizer
 
 
 def evaluate_model(engine: RolloutEngine, tokenizer: Any, task: Any, judge: Judge, examples: Sequence[Any],
@@ -297,7 +257,7 @@ def _prompt_lengths(algorithm: Any, task: Any, tokenizer: Any, chat_template_kwa
 
 
 def samples_markdown(samples: Sequence[Mapping[str, Any]]) -> str:
-    """Judged samples (`training.rl.samples_of`) as markdown to read: each one's question and response fenced
+    """Judged samples (`training.run_files.samples_of`) as markdown to read: each one's question and response fenced
     (model text never forms the document's structure), then its criteria with weight and verdict, its rubric score
     and any judge failure, with its detail and the judge's raw answer (fenced too: model text)."""
     lines = ["## Samples"]

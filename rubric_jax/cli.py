@@ -385,7 +385,7 @@ def _command(args) -> int:
         elif args.command != "synthesize":
             _check_writable_directory(config.output_dir, "output_dir")
         if args.command == "train":
-            from rubric_jax.training.rl import check_rubric_width  # noqa: PLC0415
+            from rubric_jax.training.launch import check_rubric_width  # noqa: PLC0415
 
             check_rubric_width(resolve_algorithm(config)[0], task)
     except (ValueError, OSError) as error:
@@ -416,12 +416,13 @@ def _command(args) -> int:
             return error.exit_code
     else:
         from rubric_jax import benchmark  # noqa: PLC0415
+        from rubric_jax.training import assembly  # noqa: PLC0415
         from rubric_jax.judges.records import FirstJudged  # noqa: PLC0415
-        from rubric_jax.training.rl import samples_of  # noqa: PLC0415
+        from rubric_jax.training.run_files import samples_of  # noqa: PLC0415
 
         shown = FirstJudged(config.eval.log_samples, "eval")
         with contextlib.closing(judge):
-            engine, tokenizer = benchmark.model_engine(args.model, seed=args.seed, sglang_url=args.sglang_url,
+            engine, tokenizer = assembly.saved_model_engine(args.model, seed=args.seed, sglang_url=args.sglang_url,
                                                        chat_template_kwargs=config.chat_template_kwargs)
             with contextlib.closing(engine):
                 count = config.count or int(task.data_metrics()["data/eval_rows"])
@@ -467,10 +468,10 @@ def _checked_task(args, config):
 
 def _checked_benchmarks(args, config) -> dict:
     """The evaluation benchmarks of an RL run that evaluates (`train`, `validate`), their files read as the task's
-    are (`benchmark.benchmark_tasks`); none for the other commands."""
+    are (`training.assembly.benchmark_tasks`); none for the other commands."""
     if args.command not in ("train", "validate") or not config.eval.every_steps:
         return {}
-    from rubric_jax.benchmark import benchmark_tasks  # noqa: PLC0415
+    from rubric_jax.training.assembly import benchmark_tasks  # noqa: PLC0415
 
     return benchmark_tasks(config.eval, config.seed)
 
@@ -504,7 +505,7 @@ def _eval_judge(config: JudgeConfig, task, args):
     URL when its server does not answer or refuses the credentials (`judges.preflight.served_models`)."""
     from rubric_jax.algorithms.registry import eval_metrics_fn  # noqa: PLC0415
     from rubric_jax.judges.preflight import served_models  # noqa: PLC0415
-    from rubric_jax.training.rl import make_judge  # noqa: PLC0415
+    from rubric_jax.training.assembly import make_judge  # noqa: PLC0415
 
     for recipe in args.recipe:
         eval_metrics_fn(recipe)
@@ -594,7 +595,7 @@ def _agreement_plan(args):
 
     from rubric_jax.judges import agreement  # noqa: PLC0415  (imports jax: after the argument checks)
     from rubric_jax.judges.records import read_judged_rollouts  # noqa: PLC0415
-    from rubric_jax.training.rl import make_judge  # noqa: PLC0415
+    from rubric_jax.training.assembly import make_judge  # noqa: PLC0415
 
     if Path(args.output).suffix != ".md":
         raise ValueError(f"--output {args.output} must name a markdown file (.md): the plot and the numbers are "

@@ -12,39 +12,17 @@ Everything is seeded by `seed`; both runs resume from their checkpoints when the
 
 import time
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any
 
 from rubric_jax import strict_json
 from rubric_jax.data.tasks import build_task
-from rubric_jax.inference.embedded import EmbeddedEngine
-from rubric_jax.models.safetensors_io import load_hf_checkpoint
-from rubric_jax.models.tokenizer import load_tokenizer
-from rubric_jax.training import policy
-from rubric_jax.training.evaluate import evaluate
+from rubric_jax.training.evaluate import evaluate_saved_model
 from rubric_jax.training.rl import train_rl
-from rubric_jax.training.run_config import EvalConfig, QuickstartConfig
+from rubric_jax.training.run_config import QuickstartConfig
 from rubric_jax.training.sft import train_sft
 from rubric_jax.yaml_config import save_config
 
 HEADLINE = ("eval/accuracy", "eval/rubric_score")
-
-
-def embedded_engine_from(model_dir: Path, seed: int, chat_template_kwargs: Optional[Mapping[str, Any]] = None
-                         ) -> tuple[EmbeddedEngine, Any]:
-    """An embedded engine serving the Hugging Face policy saved in `model_dir`, and its tokenizer."""
-    model, tokenizer = load_hf_checkpoint(model_dir), load_tokenizer(model_dir)
-    eos_ids, pad_id = policy.eos_and_pad(tokenizer)
-    return EmbeddedEngine(model, tokenizer=tokenizer, chat_template_kwargs=chat_template_kwargs,
-                          eos_token_ids=eos_ids, pad_id=pad_id, seed=seed), tokenizer
-
-
-def evaluate_directory(model_dir: Path, task: Any, config: EvalConfig, *, max_new_tokens: int, seed: int,
-                       chat_template_kwargs: Optional[Mapping[str, Any]] = None):
-    """Held-out metrics of the Hugging Face policy in `model_dir` on the task's eval set, its prompts rendered
-    with `chat_template_kwargs`."""
-    engine, tokenizer = embedded_engine_from(model_dir, seed, chat_template_kwargs)
-    return evaluate(engine, tokenizer, task, task.judge(), task.eval_examples(config.num_examples), config,
-                    max_new_tokens=max_new_tokens, seed=seed)
 
 
 def _table(before: dict[str, float], after: dict[str, float]) -> str:
@@ -68,14 +46,14 @@ def run_quickstart(config: QuickstartConfig) -> dict[str, Any]:
     print(f"[quickstart] SFT warm start: {config.sft.steps} steps of {config.sft.batch_size} examples", flush=True)
     train_sft(config.sft_config(), task)
     sft_seconds = time.monotonic() - started
-    before = evaluate_directory(out / "sft" / "model", task, config.eval, max_new_tokens=max_new_tokens,
+    before = evaluate_saved_model(out / "sft" / "model", task, config.eval, max_new_tokens=max_new_tokens,
                                 seed=config.seed)
     print(f"[quickstart] after SFT: accuracy {before['eval/accuracy']:.3f}, rubric score "
           f"{before['eval/rubric_score']:.3f}; RL with {rl_config.algorithm.name}: {config.rl.steps} steps of "
           f"{config.rl.rollout.prompts_per_step} prompts x {config.rl.rollout.group_size} samples", flush=True)
     train_rl(rl_config, task)
     rl_seconds = time.monotonic() - started - sft_seconds
-    after = evaluate_directory(out / "rl" / "model", task, config.eval, max_new_tokens=max_new_tokens,
+    after = evaluate_saved_model(out / "rl" / "model", task, config.eval, max_new_tokens=max_new_tokens,
                                seed=config.seed)
     report = {
         "before_rl": before,

@@ -12,6 +12,7 @@ import yaml
 
 from rubric_jax import benchmark, cli
 from rubric_jax.data import presets
+from rubric_jax.training import assembly
 from rubric_jax.data.tasks import build_task
 from rubric_jax.judges.base import Judge, RolloutVerdict, Verdicts
 from rubric_jax.rubrics.schema import ItemKind
@@ -163,16 +164,16 @@ def test_benchmark_tasks_read_their_rows_not_their_rubrics_and_name_what_does_no
     """A preset with a rubric column (rgr) is read for its answers only; a copy laid out otherwise reads through
     `params`; a missing file, an unknown preset and a preset without answers are refused naming the benchmark."""
     config = EvalConfig(benchmarks={"rgr": EvalBenchmark(preset="rgr", path=str(fixture_path("rgr")), num_examples=1)})
-    task, examples = benchmark.benchmark_tasks(config, seed=0)["rgr"]
+    task, examples = assembly.benchmark_tasks(config, seed=0)["rgr"]
     assert len(examples) == 1 and task.rubric(examples[0]).criteria == () and task.has_outcome
     renamed = tmp_path / "aime25.jsonl"  # a copy that names the question "problem" (math-ai/aime25)
     renamed.write_text('{"problem": "1 + 1 = ?", "answer": "2"}\n')
     config = EvalConfig(benchmarks={"aime25": EvalBenchmark(preset="aime25", path=str(renamed),
                                                             params={"columns": {"prompt": "problem"}})})
-    task, examples = benchmark.benchmark_tasks(config, seed=0)["aime25"]
+    task, examples = assembly.benchmark_tasks(config, seed=0)["aime25"]
     assert [(task.question(e), e.answer) for e in examples] == [("1 + 1 = ?", "2")]
     for bad, message in ((EvalBenchmark(preset="aime25", path=str(tmp_path / "no.jsonl")), "does not exist"),
                          (EvalBenchmark(preset="aime", path=str(renamed)), "aime"),
                          (EvalBenchmark(preset="rar", path=str(fixture_path("rar"))), "preset rar has no answers")):
         with pytest.raises(ValueError, match=f"^eval.benchmarks.x: .*{message}"):
-            benchmark.benchmark_tasks(EvalConfig(benchmarks={"x": bad}), seed=0)
+            assembly.benchmark_tasks(EvalConfig(benchmarks={"x": bad}), seed=0)

@@ -11,12 +11,12 @@ import rubric_jax
 
 PACKAGE = Path(rubric_jax.__file__).parent
 # DESIGN.md's list, top to bottom; a layer may import those before it.
-ORDER = ["core", "rubrics", "models", "inference", "judges", "algorithms", "training"]
+ORDER = ["core", "rubrics", "models", "inference", "judges", "data", "algorithms", "training"]
 ALLOWED = {layer: set(ORDER[:i]) for i, layer in enumerate(ORDER)}
 ALLOWED["training"].add("yaml_config")
+ALLOWED["data"].add("yaml_config")
 ALLOWED.update({
     "yaml_config": set(),
-    "data": {"core", "rubrics", "models", "inference", "judges", "yaml_config"},
     "quickstart": {*ORDER, "data", "yaml_config"},
     "benchmark": {*ORDER, "data", "yaml_config", "quickstart"},
     "cli": {*ORDER, "data", "yaml_config", "quickstart", "benchmark"},

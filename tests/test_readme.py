@@ -10,7 +10,7 @@ from pathlib import Path
 
 from rubric_jax import cli
 from rubric_jax.data.synthesis import SynthesisConfig, plan_synthesis
-from rubric_jax.training import rl
+from rubric_jax.training import run_files
 from rubric_jax.training.metrics import SAMPLES_FILE, MetricsWriter
 from rubric_jax.training.run_config import RLConfig, resolve_algorithm
 from rubric_jax.yaml_config import load_config
@@ -95,14 +95,14 @@ def test_the_multihost_launch_commands_parse_and_load():
 
 
 def test_the_run_directory_files_are_named_as_written(tmp_path):
-    """README's run directory: the first rollout file as `rl.rollout_log_path` names it, and every field of a
-    samples.jsonl line (`MetricsWriter.write_samples` of `rl.samples_of`, for a judged and a failed rollout) in the
+    """README's run directory: the first rollout file as `run_files.rollout_log_path` names it, and every field of a
+    samples.jsonl line (`MetricsWriter.write_samples` of `run_files.samples_of`, for a judged and a failed rollout) in the
     sentence on samples.jsonl, with both phases."""
     text = README.read_text(encoding="utf-8")
-    assert f"`{rl.rollout_log_path(Path(), 1).as_posix()}`" in text
+    assert f"`{run_files.rollout_log_path(Path(), 1).as_posix()}`" in text
     with MetricsWriter(tmp_path, tensorboard=False, console=False) as writer:
-        writer.write_samples(1, rl.samples_of(RECORDS[:2], 2))
-        writer.write_samples(1, rl.samples_of(RECORDS[:1], 1), phase="eval")
+        writer.write_samples(1, run_files.samples_of(RECORDS[:2], 2))
+        writer.write_samples(1, run_files.samples_of(RECORDS[:1], 1), phase="eval")
     lines = [json.loads(line) for line in (tmp_path / SAMPLES_FILE).read_text(encoding="utf-8").splitlines()]
     assert [line["phase"] for line in lines] == ["train", "train", "eval"]
     fields = {key for line in lines for key in line} | {key for line in lines for c in line["criteria"] for key in c}

@@ -31,7 +31,7 @@ from typing import Any, Optional, Sequence
 from experiments.comparison import CONFIGS, Variant, comparison_parser, eval_samples, load_configs, run_comparison
 from rubric_jax.algorithms.rgr_grpo import refine_at_test_time
 from rubric_jax.data.tasks import build_task
-from rubric_jax.quickstart import embedded_engine_from
+from rubric_jax.training.assembly import saved_model_engine
 from rubric_jax.training.run_config import AlgorithmSpec, RLConfig
 from rubric_jax.yaml_config import load_config
 
@@ -60,7 +60,7 @@ def variants(base: RLConfig) -> list[Variant]:
 def test_time_refinement(model_dir: Path, task: Any, config: RLConfig, seed: int) -> dict[str, float]:
     """`refine_at_test_time` of the policy saved in `model_dir`, greedy, on the run's held-out problems, as
     "eval/refine/..." metrics: the harness's extra_eval."""
-    engine, tokenizer = embedded_engine_from(model_dir, seed, config.model.chat_template_kwargs)
+    engine, tokenizer = saved_model_engine(model_dir, seed=seed, chat_template_kwargs=config.model.chat_template_kwargs)
     measured = refine_at_test_time(engine, tokenizer, task, task.judge(), task.eval_examples(config.eval.num_examples),
                                    max_new_tokens=config.rollout.max_new_tokens, seed=seed)
     return {f"eval/{key}": value for key, value in measured.items()}

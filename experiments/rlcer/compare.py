@@ -34,7 +34,7 @@ from experiments.comparison import CONFIGS, Variant, comparison_parser, eval_sam
 from rubric_jax.algorithms.rlcer import RLCERConfig, rubricator_io
 from rubric_jax.algorithms.rlcer_eval import hint_evaluation
 from rubric_jax.data.tasks import build_task
-from rubric_jax.quickstart import embedded_engine_from
+from rubric_jax.training.assembly import saved_model_engine
 from rubric_jax.training.run_config import AlgorithmSpec, RLConfig
 from rubric_jax.yaml_config import config_from_dict, load_config
 
@@ -64,7 +64,7 @@ def hint_eval(model_dir: Path, task: Any, config: RLConfig, seed: int, *, rlcer_
     """`hint_evaluation` of the policy saved in `model_dir` on the run's held-out problems, with its lengths,
     eval temperature and samples, and the rubricator settings `rlcer_params` of the RLCER config (the same for
     every row, outcome-only GRPO's included): the harness's extra_eval."""
-    engine, tokenizer = embedded_engine_from(model_dir, seed, config.model.chat_template_kwargs)
+    engine, tokenizer = saved_model_engine(model_dir, seed=seed, chat_template_kwargs=config.model.chat_template_kwargs)
     return hint_evaluation(engine, tokenizer, task, task.eval_examples(config.eval.num_examples),
                            samples_per_example=config.eval.samples_per_example, temperature=config.eval.temperature,
                            max_new_tokens=config.rollout.max_new_tokens,

@@ -2,7 +2,7 @@
 turns documents or questions into training data with rubrics, written in the layout a dataset-task preset reads.
 
 The pipelines (`SynthesisConfig.pipeline`), each an async function of one source record built from the stage
-prompts of `rubrics.prompts` and the schemas of `rubrics.synthesis`:
+prompts of `rubrics.prompts` and the schemas of `rubrics.synthesis_schemas`:
 - "grounded" (rubric_grounded_rl.txt, section 3.4, Appendix E): a document -> stage 1 semantic analysis ->
   stage 2 joint question-rubric synthesis (several questions) -> stage 3 rubric enrichment of each question's
   criteria -> quality checks -> Appendix E records (preset "rubric_grounded").
@@ -60,7 +60,7 @@ from rubric_jax.judges import preflight
 from rubric_jax.judges.llm import (ChatClient, ChatSettings, chat_client, check_credentials, check_request_options,
                                    request_headers)
 from rubric_jax.rubrics import parsing, prompts
-from rubric_jax.rubrics import synthesis as schemas
+from rubric_jax.rubrics import synthesis_schemas as schemas
 from rubric_jax.yaml_config import config_from_dict, config_to_dict
 
 INDEX_FILE, MANIFEST_FILE = "index.jsonl", "manifest.json"

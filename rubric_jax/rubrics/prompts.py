@@ -22,7 +22,7 @@ The rubric synthesis prompts (the last section) are ours: the rubric-grounded pa
 and their constraints (rubric_grounded_rl.txt, section 3.4; output schema in Appendix E) but prints no prompt, and
 RaR's rubric generation is written from its released data (ScaleAI/RaR-Medicine: title, description opening with
 the category, integer weight). Each asks for one JSON object, the shape of a pydantic model of
-`rubric_jax.rubrics.synthesis`, whose JSON schema the pipeline also sends as the response format.
+`rubric_jax.rubrics.synthesis_schemas`, whose JSON schema the pipeline also sends as the response format.
 
 The RGR-GRPO paper gives its prompts (rgr_grpo.txt, Appendix E.1-E.3) only as figures, absent from its text;
 `criterion_judge_prompt`, `rgr_rubric_generation_prompt` and `self_refinement_prompt` are ours, written from its
@@ -962,7 +962,7 @@ def reference_answer_prompt(question: str) -> Messages:
 
 def rgr_rubric_synthesis_prompt(question: str, reference_answer: str) -> Messages:
     """RGR-GRPO's rubric generation (`rgr_rubric_generation_prompt`'s task) asking for JSON, for the synthesis
-    pipeline, whose output `rubrics.synthesis.RGRRubricOutput` validates."""
+    pipeline, whose output `rubrics.synthesis_schemas.RGRRubricOutput` validates."""
     return _user(
         _rgr_rubric_task(question, reference_answer) + _JSON_ONLY +
         '{"criteria": [{"type": "factual" or "process", "weight": <integer from 1 to 10>, "description": '

@@ -29,7 +29,7 @@ For E examples and k = `samples_per_example` samples each (greedy when temperatu
 Sampling is the eval section's (`EvalConfig.sampling_params`): temperature, top-p, SGLang's presence, frequency
 and repetition penalties, and its own `max_new_tokens` or else the caller's.
 
-Benchmarks (`EvalConfig.benchmarks`): `rubric_jax.benchmark.benchmark_tasks` reads each benchmark's rows once
+Benchmarks (`EvalConfig.benchmarks`): `training.assembly.benchmark_tasks` reads each benchmark's rows once
 (training builds no task), `evaluate_benchmarks` evaluates them, each with its own sampling
 (`EvalConfig.for_benchmark`) and its preset's answer check as the judge, and reports the metrics above under
 "benchmark/<name>/" instead of "eval/": "benchmark/<name>/accuracy" (Avg@n, n = its samples_per_example),
@@ -37,8 +37,10 @@ Benchmarks (`EvalConfig.benchmarks`): `rubric_jax.benchmark.benchmark_tasks` rea
 AIME 2025, ...). A benchmark has no rubric, so it reports no rubric metrics.
 """
 
+import contextlib
 import math
-from typing import Any, Callable, Optional, Sequence
+import os
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import jax.numpy as jnp
 import numpy as np
@@ -50,6 +52,7 @@ from rubric_jax.inference.engine import RolloutEngine
 from rubric_jax.judges.base import Judge, JudgeRequest, Verdicts
 from rubric_jax.rubrics.schema import RubricArrays, rubric_arrays
 from rubric_jax.rubrics.steps import response_text, split_steps
+from rubric_jax.training.assembly import saved_model_engine
 from rubric_jax.training.run_config import EvalConfig
 
 
@@ -136,7 +139,7 @@ def evaluate_benchmarks(
     seed: int,
     recipes: Sequence[str] = (),
 ) -> dict[str, float]:
-    """`evaluate` of each benchmark (name -> (task, examples), `rubric_jax.benchmark.benchmark_tasks`) with its own
+    """`evaluate` of each benchmark (name -> (task, examples), `training.assembly.benchmark_tasks`) with its own
     sampling (`config.for_benchmark(name)`) and its task's answer check as the judge, the metrics keyed
     "benchmark/<name>/..." for "eval/..."."""
     metrics = {}
@@ -190,3 +193,14 @@ def tag_metrics(owners: Sequence[Any], correct_s: Optional[np.ndarray], rubric_s
             tagged[b, :len(rubric.criteria)] = [tag in c.tags for c in rubric.criteria]
         metrics[f"eval/item_tag/{tag}/points_score"] = clipped_mean(points_scores(verdicts, items, tagged))
     return metrics
+
+
+def evaluate_saved_model(model_dir: str | os.PathLike, task: Any, config: EvalConfig, *, max_new_tokens: int, seed: int,
+                         chat_template_kwargs: Optional[Mapping[str, Any]] = None) -> dict[str, float]:
+    """`evaluate` of the Hugging Face policy saved in `model_dir` (the embedded sampler,
+    `assembly.saved_model_engine`) on the task's first `config.num_examples` held-out examples, judged by the
+    task's own judge, its prompts rendered with `chat_template_kwargs`."""
+    engine, tokenizer = saved_model_engine(model_dir, seed=seed, chat_template_kwargs=chat_template_kwargs)
+    with contextlib.closing(engine):
+        return evaluate(engine, tokenizer, task, task.judge(), task.eval_examples(config.num_examples), config,
+                        max_new_tokens=max_new_tokens, seed=seed)

@@ -269,7 +269,7 @@ class EvalBenchmark:
     (`rubric_jax.data.presets`) over the file or directory `path` (its `split`), its first `num_examples` usable
     rows in file order (null: all of them), scored by the preset's answer check alone: a benchmark measures
     accuracy, not rubric satisfaction, so a rubric column is not read, and a preset without answers is refused
-    when the benchmark is read (`rubric_jax.benchmark.benchmark_tasks`, as `rubric-jax train` checks its task).
+    when the benchmark is read (`training.assembly.benchmark_tasks`, as `rubric-jax train` checks its task).
     `params`: task "dataset" params over the preset's, for a copy laid out otherwise (e.g. {columns: {prompt:
     problem}} for math-ai/aime25). Each sampling field (`EVAL_SAMPLING_FIELDS`) left null takes the eval
     section's value."""
@@ -350,7 +350,7 @@ class EvalConfig:
 
     def for_benchmark(self, name: str) -> "EvalConfig":
         """The section as benchmark `name` samples: the sampling fields it sets replace the section's (how many
-        of its rows are evaluated is the benchmark's own `num_examples`: `rubric_jax.benchmark.benchmark_tasks`)."""
+        of its rows are evaluated is the benchmark's own `num_examples`: `training.assembly.benchmark_tasks`)."""
         benchmark = self.benchmarks[name]
         own = {field: getattr(benchmark, field) for field in EVAL_SAMPLING_FIELDS
                if getattr(benchmark, field) is not None}

@@ -15,7 +15,8 @@ from rubric_jax.algorithms.rubric_grounded import RubricGrounded, RubricGrounded
 from rubric_jax.judges.base import Judge, JudgeRequest, RolloutVerdict, Verdicts
 from rubric_jax.rubrics.schema import Rubric
 from rubric_jax.training.metrics import read_metrics
-from rubric_jax.training.rl import make_judge, train_rl
+from rubric_jax.training.assembly import make_judge
+from rubric_jax.training.rl import train_rl
 from rubric_jax.training.run_config import AlgorithmSpec, JudgeConfig
 from tests.algorithms.test_grpo import GROUP, PROMPTS, assert_row_advantages, make_context, tiny_policy
 from tests.training.test_rl import tiny_rl_config

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from rubric_jax.data import dataset
 from rubric_jax.data.tasks import build_task
 from rubric_jax.rubrics.schema import ItemKind
-from rubric_jax.training.rl import check_rubric_width
+from rubric_jax.training.launch import check_rubric_width
 
 ROWS = [
     {"q": f"Question {i}: what is {i} + {i}?", "gold": str(2 * i), "ref": f"{i} + {i} = {2 * i}",

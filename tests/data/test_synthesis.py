@@ -15,7 +15,7 @@ from rubric_jax.data import synthesis
 from rubric_jax.data.tasks import build_task
 from rubric_jax.judges.llm import MissingApiKey
 from rubric_jax.rubrics import schema as rubric_schema
-from rubric_jax.rubrics import synthesis as schemas
+from rubric_jax.rubrics import synthesis_schemas as schemas
 from rubric_jax.yaml_config import load_config
 from tests.data.synthesis_generators import DocumentGenerator, QuestionGenerator, first_sentence
 from tests.inference.standin_server import StandinServer, fenced, http_error

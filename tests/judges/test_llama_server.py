@@ -40,7 +40,7 @@ from rubric_jax import cli
 from rubric_jax.data import synthesis
 from rubric_jax.judges import preflight
 from rubric_jax.rubrics import parsing
-from rubric_jax.training import rl
+from rubric_jax.training import assembly, rl, runs
 from rubric_jax.training.metrics import read_metrics
 from rubric_jax.training.run_config import JudgeConfig, RolloutConfig
 from rubric_jax.yaml_config import load_config
@@ -208,16 +208,16 @@ def test_a_server_that_wants_a_key_is_opened_by_the_key_the_config_names(llama_g
         config = JudgeConfig(kind="llm", url=server.base_url, model=server.model, format="rating",
                              max_tokens=MAX_TOKENS, max_attempts=2, timeout_s=300.0, api_key_env=KEY_ENV)
         monkeypatch.delenv(KEY_ENV, raising=False)
-        with pytest.raises(rl.RunStopped, match=f"judge.api_key_env names {KEY_ENV}, which is not set"):
-            rl.auth_headers(config, "judge")
+        with pytest.raises(runs.RunStopped, match=f"judge.api_key_env names {KEY_ENV}, which is not set"):
+            assembly.auth_headers(config, "judge")
 
         monkeypatch.setenv(KEY_ENV, "wrong-key")
-        with contextlib.closing(rl.make_judge(config, None, seed=0)) as judge:
+        with contextlib.closing(assembly.make_judge(config, None, seed=0)) as judge:
             with pytest.raises(preflight.PreflightFailed, match=r"refused the credentials \(HTTP 401\)"):
                 preflight.served_models(judge.chat, "judge")
 
         monkeypatch.setenv(KEY_ENV, "secret-key")
-        with contextlib.closing(rl.make_judge(config, None, seed=0)) as judge:
+        with contextlib.closing(assembly.make_judge(config, None, seed=0)) as judge:
             assert preflight.served_models(judge.chat, "judge") == [server.model]
             verdicts = judge.judge(rgr_requests()[:1], max_items=2)
             assert verdicts.failed_b.tolist() == [False] and judge.failures.failed == 0

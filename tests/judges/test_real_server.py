@@ -44,11 +44,10 @@ from rubric_jax import cli
 from rubric_jax.data import synthesis
 from rubric_jax.data.tasks import build_task
 from rubric_jax.judges import preflight
-from rubric_jax.training import rl
 from rubric_jax.rubrics import parsing, prompts
-from rubric_jax.rubrics import synthesis as schemas
+from rubric_jax.rubrics import synthesis_schemas as schemas
 from rubric_jax.rubrics.schema import Criterion, ItemKind, Rubric
-from rubric_jax.training import rl
+from rubric_jax.training import assembly, launch, rl, runs
 from rubric_jax.training.metrics import read_metrics
 from rubric_jax.training.run_config import JudgeConfig, RolloutConfig
 from rubric_jax.yaml_config import load_config
@@ -202,11 +201,11 @@ def test_a_training_run_judged_by_it_in_rating_format_is_stopped_by_the_failure_
                         format="rating", max_tokens=MAX_TOKENS, max_attempts=1, timeout_s=60.0, max_failing_steps=2)
     config = tiny_rl_config(tmp_path, steps=3, judge=judge,
                             rollout=RolloutConfig(prompts_per_step=1, group_size=2, max_new_tokens=8))
-    with pytest.raises(rl.RunStopped, match=r"judge/failure_rate was above judge.max_failure_rate \(0.5\) on 2 "
+    with pytest.raises(runs.RunStopped, match=r"judge/failure_rate was above judge.max_failure_rate \(0.5\) on 2 "
                                             r"consecutive steps \(step 2: 100%; .*before step 2's update"):
         # The judge handed in, so the launch's preflight (which would refuse it before step 1) is skipped:
         # what is under test is the failure budget during the run.
-        with contextlib.closing(rl.make_judge(config.judge, toy_task(), config.seed)) as judge:
+        with contextlib.closing(assembly.make_judge(config.judge, toy_task(), config.seed)) as judge:
             rl.train_rl(config, toy_task(), judge=judge)
     (line,) = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert line["judge/failure_rate"] == line["judge/call_failure_rate"] == 1
@@ -292,7 +291,7 @@ def test_validate_and_train_refuse_a_judge_whose_answers_do_not_parse(transforme
             f"judge.url={transformers_server.base_url}", f"judge.model={transformers_server.model}",
             f"judge.max_tokens={MAX_TOKENS}", f"output_dir={tmp_path / 'run'}"]
     task = build_task("dataset", {"preset": "rar", "path": str(rows)}, 0)
-    request = rl.preflight_request(task, task.train_stream(0).next_batch(1)[0])
+    request = launch.preflight_request(task, task.train_stream(0).next_batch(1)[0])
     fmt = rating_format()
     raw = ask(make_chat(max_tokens=MAX_TOKENS), fmt.messages(request, 0), fmt.schema())
     result = fmt.parse(raw)

@@ -13,7 +13,8 @@ from rubric_jax.training import policy
 from rubric_jax.training.checkpoint import Checkpointer
 from rubric_jax.training.metrics import read_metrics
 from rubric_jax.training.optim import OptimizerConfig
-from rubric_jax.training.rl import critic_advantages, train_rl
+from rubric_jax.training.learner import critic_advantages
+from rubric_jax.training.rl import train_rl
 from rubric_jax.training.run_config import (
     AlgorithmSpec, CriticConfig, LearnerConfig, ModelSpec, RLConfig, RolloutConfig)
 from rubric_jax.yaml_config import config_from_dict

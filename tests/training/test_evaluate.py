@@ -215,7 +215,7 @@ def test_benchmarks_sample_as_they_say_and_report_under_their_names():
     """AIME 2024 at Avg@4, its own budget, the rest inherited: samples 0-2 of each problem answer 204, sample 3
     answers 113, so problem 1 (204) gets 3 of 4 right, problem 2 (113) 1 of 4. Avg@4 = (3/4 + 1/4) / 2 = 0.5,
     pass@4 = (1 + 1) / 2 = 1. The same file as a greedy benchmark: one sample each, 204 both times: 1/2."""
-    from rubric_jax.benchmark import benchmark_tasks  # noqa: PLC0415  (the benchmarks' reader lies above training)
+    from rubric_jax.training.assembly import benchmark_tasks  # noqa: PLC0415
 
     config = EvalConfig(temperature=0.7, top_p=0.8, presence_penalty=1.5, max_new_tokens=100, benchmarks={
         "aime24": EvalBenchmark(preset="aime24", path=AIME24, samples_per_example=4, max_new_tokens=200),
@@ -236,7 +236,7 @@ def test_benchmarks_sample_as_they_say_and_report_under_their_names():
 
 
 def test_a_run_evaluates_its_benchmarks_with_its_held_out_rows(tmp_path):
-    from rubric_jax.benchmark import benchmark_tasks
+    from rubric_jax.training.assembly import benchmark_tasks
     from rubric_jax.training.metrics import read_metrics
     from rubric_jax.training.rl import train_rl
     from tests.training.test_rl import tiny_rl_config

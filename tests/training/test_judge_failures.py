@@ -10,7 +10,7 @@ import json
 import pytest
 
 from rubric_jax.judges.records import read_judged_rollouts
-from rubric_jax.training import rl
+from rubric_jax.training import assembly, experience, rl, runs
 from rubric_jax.training.metrics import read_metrics
 from rubric_jax.training.run_config import JudgeConfig, MetricsConfig, RolloutLogConfig
 from tests.inference.standin_server import StandinServer
@@ -36,11 +36,11 @@ def test_a_judge_that_never_parses_fails_every_rollout_and_the_budget_stops_the_
     server.responder = lambda messages: GARBAGE
     config = tiny_rl_config(tmp_path, steps=3, judge=rating_judge(server.base_url, max_failing_steps=2),
                             metrics=MetricsConfig(console=True), rollout_log=RolloutLogConfig(every_steps=1))
-    with pytest.raises(rl.RunStopped, match=r"judge/failure_rate was above judge.max_failure_rate \(0.5\) on 2 "
+    with pytest.raises(runs.RunStopped, match=r"judge/failure_rate was above judge.max_failure_rate \(0.5\) on 2 "
                                             r"consecutive steps \(step 2: 100%; no_json\).*before step 2's update"):
         # The judge handed in, so the launch's preflight (which would refuse it before step 1) is skipped:
         # what is under test is the failure budget during the run.
-        with contextlib.closing(rl.make_judge(config.judge, toy_task(), config.seed)) as judge:
+        with contextlib.closing(assembly.make_judge(config.judge, toy_task(), config.seed)) as judge:
             rl.train_rl(config, toy_task(), judge=judge)
     (line,) = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert line["judge/failure_rate"] == 1 and line["judge/failed/no_json"] == ROLLOUTS
@@ -88,11 +88,11 @@ def test_score_zero_keeps_rollouts_judged_and_the_per_call_rate_stops_the_run(tm
     server.responder = lambda messages: GARBAGE
     config = tiny_rl_config(tmp_path, steps=2, judge=rating_judge(server.base_url, max_failing_steps=1,
                                                                   failed_criterion="score_zero"))
-    with pytest.raises(rl.RunStopped, match=r"judge/call_failure_rate was above judge.max_failure_rate \(0.5\) on 1 "
+    with pytest.raises(runs.RunStopped, match=r"judge/call_failure_rate was above judge.max_failure_rate \(0.5\) on 1 "
                                             r"consecutive steps \(step 1: 100%; no_json\)"):
         # The judge handed in, so the launch's preflight (which would refuse it before step 1) is skipped:
         # what is under test is the failure budget during the run.
-        with contextlib.closing(rl.make_judge(config.judge, toy_task(), config.seed)) as judge:
+        with contextlib.closing(assembly.make_judge(config.judge, toy_task(), config.seed)) as judge:
             rl.train_rl(config, toy_task(), judge=judge)
     # stopped before step 1's update, with no history: the refused launch leaves nothing (runs.undo_failed_launch)
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
@@ -102,12 +102,12 @@ def test_call_metrics_are_the_difference_of_two_counts():
     before = {"calls": 10, "call_failures": 3, "call_failed/no_json": 3, "schema_violations": 3}
     after = {"calls": 18, "call_failures": 5, "call_failed/no_json": 3, "call_failed/truncated": 2,
              "schema_violations": 3}
-    assert rl.call_metrics("judge", before, after) == {
+    assert experience.call_metrics("judge", before, after) == {
         "judge/calls": 8.0, "judge/call_failures": 2.0, "judge/call_failed/truncated": 2.0,
         "judge/schema_violations": 0.0, "judge/call_failure_rate": 0.25}
-    assert rl.call_metrics("judge", after, after)["judge/call_failures"] == 0.0
-    assert "judge/call_failure_rate" not in rl.call_metrics("judge", after, after)
-    assert rl.call_metrics("judge", {}, {}) == {}
+    assert experience.call_metrics("judge", after, after)["judge/call_failures"] == 0.0
+    assert "judge/call_failure_rate" not in experience.call_metrics("judge", after, after)
+    assert experience.call_metrics("judge", {}, {}) == {}
 
 
 @pytest.mark.parametrize("fields, message", [
@@ -118,7 +118,7 @@ def test_call_metrics_are_the_difference_of_two_counts():
 def test_score_zero_is_for_an_llm_judge_of_one_call_per_criterion(fields, message):
     with pytest.raises(ValueError, match=f"judge.failed_criterion score_zero is for kind llm .*{message}"):
         JudgeConfig(**fields)
-    judge = rl.make_judge(JudgeConfig(kind="llm", url="http://127.0.0.1:1", model="m", format="healthbench",
+    judge = assembly.make_judge(JudgeConfig(kind="llm", url="http://127.0.0.1:1", model="m", format="healthbench",
                                       failed_criterion="score_zero"), None, 0)
     judge.close()
     assert judge.failed_criterion == "score_zero"

@@ -14,7 +14,7 @@ import pytest
 from rubric_jax import cli
 from rubric_jax.judges import preflight
 from rubric_jax.judges.base import Judge, Verdicts
-from rubric_jax.training import rl
+from rubric_jax.training import assembly, launch, rl, runs
 from rubric_jax.training.checkpoint import Checkpointer
 from rubric_jax.training.metrics import read_metrics
 from rubric_jax.training.run_config import JudgeConfig
@@ -83,7 +83,7 @@ def llm_judge(url: str, **fields) -> JudgeConfig:
 def test_an_unreachable_judge_stops_the_launch_before_anything_is_written(tmp_path):
     url = f"http://127.0.0.1:{closed_port()}"
     config = tiny_rl_config(tmp_path, judge=llm_judge(url))
-    with pytest.raises(rl.RunStopped, match=f"judge.url {url} does not answer \\(connection"):
+    with pytest.raises(runs.RunStopped, match=f"judge.url {url} does not answer \\(connection"):
         rl.train_rl(config, toy_task())
     assert not (tmp_path / "run").exists()
 
@@ -101,18 +101,18 @@ def test_the_key_comes_from_the_environment_and_refused_credentials_stop_the_lau
     with ModelsServer(require_key=True) as server:
         judge = llm_judge(server.url, api_key_env="RUBRIC_JAX_TEST_KEY", headers={"X-Project": "rubrics"})
         monkeypatch.delenv("RUBRIC_JAX_TEST_KEY", raising=False)
-        with pytest.raises(rl.RunStopped, match="judge.api_key_env names RUBRIC_JAX_TEST_KEY, which is not set"):
-            rl.make_judge(judge, toy_task(), 0)
+        with pytest.raises(runs.RunStopped, match="judge.api_key_env names RUBRIC_JAX_TEST_KEY, which is not set"):
+            assembly.make_judge(judge, toy_task(), 0)
 
         monkeypatch.setenv("RUBRIC_JAX_TEST_KEY", "wrong")
         config = tiny_rl_config(tmp_path, judge=judge)
-        with pytest.raises(rl.RunStopped, match=f"judge.url {server.url} refused the credentials \\(HTTP 401\\): "
+        with pytest.raises(runs.RunStopped, match=f"judge.url {server.url} refused the credentials \\(HTTP 401\\): "
                                                 "set judge.api_key_env"):
             rl.train_rl(config, toy_task())
         assert not (tmp_path / "run").exists()
 
         monkeypatch.setenv("RUBRIC_JAX_TEST_KEY", KEY)
-        client = rl.make_judge(judge, toy_task(), 0)
+        client = assembly.make_judge(judge, toy_task(), 0)
         try:
             assert preflight.served_models(client.chat, "judge") == ["served-judge"]  # answers 200
         finally:
@@ -127,15 +127,15 @@ def test_a_model_the_server_does_not_list_is_refused_unless_the_server_answers_a
     other = dataclasses.replace(llm_judge("http://x:1"), model="other-judge")
     with ModelsServer(require_key=False) as server:
         config = tiny_rl_config(tmp_path, judge=dataclasses.replace(other, url=server.url))
-        with pytest.raises(rl.RunStopped, match=r"judge.model 'other-judge' is not among the models "
+        with pytest.raises(runs.RunStopped, match=r"judge.model 'other-judge' is not among the models "
                                                 f"{server.url} serves \\(served-judge\\) and the server refused it "
                                                 r"\(HTTP 404\): set judge.model to one of them"):
             rl.train_rl(config, toy_task())
         assert not (tmp_path / "run").exists()
     with ModelsServer(require_key=False, any_name=True) as server:
-        client = rl.make_judge(dataclasses.replace(other, url=server.url), toy_task(), 0)
+        client = assembly.make_judge(dataclasses.replace(other, url=server.url), toy_task(), 0)
         try:
-            rl.check_llm_roles(client, None, toy_task(), "rating")
+            launch.check_llm_roles(client, None, toy_task(), "rating")
         finally:
             client.close()
     assert "judge.model 'other-judge' is not among the models" in caplog.text and "served-judge" in caplog.text
@@ -173,7 +173,7 @@ class ScriptedFailures(Judge):
 def test_judge_failures_beyond_the_budget_stop_the_run_before_its_update(tmp_path):
     config = tiny_rl_config(tmp_path, steps=5, judge=JudgeConfig(max_failing_steps=2))
     # Step 1 judged, steps 2-3 failed: the budget of 2 consecutive failing steps is spent at step 3.
-    with pytest.raises(rl.RunStopped, match=r"judge/failure_rate was above judge.max_failure_rate \(0.5\) on 2 "
+    with pytest.raises(runs.RunStopped, match=r"judge/failure_rate was above judge.max_failure_rate \(0.5\) on 2 "
                                             r"consecutive steps \(step 3: 100%; http_500\).*before step 3's update"):
         rl.train_rl(config, toy_task(), judge=ScriptedFailures({1, 2}))
     lines = read_metrics(tmp_path / "run" / "metrics.jsonl")

@@ -13,7 +13,7 @@ import pytest
 
 from rubric_jax.algorithms.base import Experience
 from rubric_jax.inference.embedded import EmbeddedEngine
-from rubric_jax.training import rl
+from rubric_jax.training import rl, run_files
 from rubric_jax.training.checkpoint import Checkpointer
 from rubric_jax.training.metrics import read_metrics
 from rubric_jax.training.run_config import AlgorithmSpec, RolloutConfig, RolloutLogConfig
@@ -29,7 +29,7 @@ OVERLAP = RolloutConfig(prompts_per_step=2, group_size=4, max_new_tokens=16, ove
 def test_the_next_batch_is_sampled_from_the_weights_one_update_old_while_the_learner_updates(tmp_path,
                                                                                                monkeypatch):
     generations, in_update = [], threading.Event()
-    generate, update = EmbeddedEngine.generate, rl._update
+    generate, update = EmbeddedEngine.generate, rl.update_policy
 
     def recording_generate(self, prompts, params):
         background = threading.current_thread() is not threading.main_thread()
@@ -45,7 +45,7 @@ def test_the_next_batch_is_sampled_from_the_weights_one_update_old_while_the_lea
             in_update.clear()
 
     monkeypatch.setattr(EmbeddedEngine, "generate", recording_generate)
-    monkeypatch.setattr(rl, "_update", flagged_update)
+    monkeypatch.setattr(rl, "update_policy", flagged_update)
     rl.train_rl(tiny_rl_config(tmp_path, steps=3, rollout=OVERLAP), toy_task())
 
     # Step 1's batch from the initial weights, then each next one in the background during the update before it.
@@ -61,7 +61,7 @@ def test_without_overlap_every_batch_is_on_policy(tmp_path):
     lines = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert [(line["rollout/policy_lag"], line["rollout/weight_step"]) for line in lines] == [(0, 0), (0, 1)]
     assert not any("time/rollout_wait" in line for line in lines)
-    assert not (tmp_path / "run" / rl.PENDING_DIR).exists()
+    assert not (tmp_path / "run" / run_files.PENDING_DIR).exists()
 
 
 class Interrupted(Exception):
@@ -89,26 +89,26 @@ def test_an_interrupted_overlapped_run_resumes_to_what_the_uninterrupted_run_pro
 
     rl.train_rl(config("whole"), make_task())
 
-    update = rl._update
+    update = rl.update_policy
 
     def interrupted_at_step_3(learner, state, batch, width, step, seed):
         if step == 2:  # after checkpoint 2, with step 4's batch being sampled
             raise Interrupted
         return update(learner, state, batch, width, step, seed)
 
-    monkeypatch.setattr(rl, "_update", interrupted_at_step_3)
+    monkeypatch.setattr(rl, "update_policy", interrupted_at_step_3)
     with pytest.raises(Interrupted):
         rl.train_rl(config("resumed"), make_task())
     resumed = tmp_path / "resumed" / "run"
-    assert rl.pending_path(resumed, 2).exists()  # step 3's batch, sampled during step 2
-    monkeypatch.setattr(rl, "_update", update)
+    assert run_files.pending_path(resumed, 2).exists()  # step 3's batch, sampled during step 2
+    monkeypatch.setattr(rl, "update_policy", update)
     rl.train_rl(config("resumed"), make_task())
 
     whole = tmp_path / "whole" / "run"
     assert ([comparable(line) for line in read_metrics(resumed / "metrics.jsonl")]
             == [comparable(line) for line in read_metrics(whole / "metrics.jsonl")])
     for step in range(1, 5):
-        assert (rl.rollout_log_path(resumed, step).read_text() == rl.rollout_log_path(whole, step).read_text())
+        assert (run_files.rollout_log_path(resumed, step).read_text() == run_files.rollout_log_path(whole, step).read_text())
     states = [Checkpointer(run / "checkpoints").restore(4, None) for run in (whole, resumed)]
     for a, b in zip(jax.tree.leaves(states[0][0]["params"]), jax.tree.leaves(states[1][0]["params"])):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
@@ -151,7 +151,7 @@ def test_a_pending_experience_survives_its_file_exactly(tmp_path, records):
 def test_a_pending_file_holding_a_pickle_is_refused_not_run(tmp_path):
     """A pending file is read without unpickling: an object array in it (which np.load would unpickle) is an
     error, so a run directory is never a way to run code."""
-    path = rl.pending_path(tmp_path, 1)
+    path = run_files.pending_path(tmp_path, 1)
     path.parent.mkdir(parents=True)
     with open(path, "wb") as file:
         np.savez(file, meta=np.array([{"prompt_width": 1}], dtype=object))

@@ -14,8 +14,8 @@ from rubric_jax.algorithms.registry import algorithm_class
 from rubric_jax.data.tasks import build_task
 from rubric_jax.models.tokenizer import apply_chat_template
 from rubric_jax.rubrics import parsing
-from rubric_jax.rubrics import synthesis as schemas
-from rubric_jax.training import rl
+from rubric_jax.rubrics import synthesis_schemas as schemas
+from rubric_jax.training import assembly, launch, rl, runs
 from rubric_jax.training.run_config import JudgeConfig, MetaVerifierConfig, resolve_algorithm
 from tests.data.dataset_fixtures import FIXTURES
 from tests.data.synthesis_generators import QuestionGenerator
@@ -35,7 +35,7 @@ def rating_judge(url: str) -> JudgeConfig:
 def test_train_stops_before_step_1_with_the_raw_answer_when_the_judge_does_not_parse(tmp_path):
     reason = parsing.parse_rating(PROSE).reason
     with StandinServer(responder=lambda messages: PROSE) as server:
-        with pytest.raises(rl.RunStopped) as stopped:
+        with pytest.raises(runs.RunStopped) as stopped:
             rl.train_rl(tiny_rl_config(tmp_path, judge=rating_judge(server.base_url)), toy_task())
         [request] = server.chat_requests  # one request, in the judge's format, under its schema
     assert str(stopped.value) == (f"judge: its answer to a judge.format rating request (criterion 1 of the first "
@@ -55,17 +55,17 @@ def test_a_judge_and_a_meta_verifier_whose_answers_parse_pass_and_their_counts_s
 
     task = toy_task()
     with StandinServer(responder=respond) as server:
-        judge = rl.make_judge(rating_judge(server.base_url), task, 0)
-        verifier = rl.make_meta_verifier(MetaVerifierConfig(kind="llm", url=server.base_url, model="judge",
+        judge = assembly.make_judge(rating_judge(server.base_url), task, 0)
+        verifier = assembly.make_meta_verifier(MetaVerifierConfig(kind="llm", url=server.base_url, model="judge",
                                                             domain="writing_science"), 0)
         try:
-            rl.check_llm_roles(judge, verifier, task, "rating")
+            launch.check_llm_roles(judge, verifier, task, "rating")
             assert judge.http_stats().requests == 0 and verifier.http_stats().requests == 0
             assert len(server.chat_requests) == 2
             server.responder = lambda messages: PROSE
-            with pytest.raises(rl.RunStopped, match=r"^meta_verifier: its answer to a meta-verifier request "
+            with pytest.raises(runs.RunStopped, match=r"^meta_verifier: its answer to a meta-verifier request "
                                                     r"\(criterion 1 of the first example\) does not parse"):
-                rl.check_llm_roles(None, verifier, task, "rating")
+                launch.check_llm_roles(None, verifier, task, "rating")
         finally:
             judge.close()
             verifier.close()
@@ -113,11 +113,11 @@ def test_validate_and_train_name_the_dataset_row_whose_prompt_is_longer_than_the
 
     config = cli._load(cli.RLConfig, str(REPO / "configs/rar_dataset_cpu.yaml"),
                        [f"task.params.path={RAR_ROWS}", f"output_dir={tmp_path / 'run'}", *sizes])
-    with pytest.raises(rl.RunStopped, match=f"^{expected}".replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(runs.RunStopped, match=f"^{expected}".replace("(", r"\(").replace(")", r"\)")):
         rl.train_rl(config, task)
     assert not (tmp_path / "run").exists()
     algorithm_config, config = resolve_algorithm(config)
-    assert rl.prompt_refusal(algorithm_class("rar")(algorithm_config), task, config).startswith(expected)
+    assert launch.prompt_refusal(algorithm_class("rar")(algorithm_config), task, config).startswith(expected)
 
 
 def test_synthesize_stops_with_the_generators_raw_answer_before_writing_anything(tmp_path, capsys):

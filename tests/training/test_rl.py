@@ -180,7 +180,7 @@ def test_each_step_syncs_its_weights_to_the_engine(tmp_path, monkeypatch):
 def test_request_metrics_report_each_steps_retries_and_failures():
     from rubric_jax.inference.http import ClientStats, JsonHttpClient
     from rubric_jax.judges import ChatClient, ChatSettings, RolloutLLMJudge, srar_format
-    from rubric_jax.training.rl import _request_metrics
+    from rubric_jax.training.experience import request_metrics
 
     http = JsonHttpClient("http://127.0.0.1:9")
     try:
@@ -190,12 +190,12 @@ def test_request_metrics_report_each_steps_retries_and_failures():
         http.close()
     assert toy_task().judge().http_stats() is None
     stats, seen = ClientStats(requests=10, retries=3, failures=1), {}
-    assert _request_metrics("judge", stats, seen) == {"judge/requests": 10, "judge/retries": 3,
+    assert request_metrics("judge", stats, seen) == {"judge/requests": 10, "judge/retries": 3,
                                                       "judge/request_failures": 1}
     stats.requests, stats.retries = 14, 5
-    assert _request_metrics("judge", stats, seen) == {"judge/requests": 4, "judge/retries": 2,
+    assert request_metrics("judge", stats, seen) == {"judge/requests": 4, "judge/retries": 2,
                                                       "judge/request_failures": 0}
-    assert _request_metrics("engine", None, {}) == {}
+    assert request_metrics("engine", None, {}) == {}
 
 
 def test_an_llm_judge_from_the_config_judges_over_http_and_its_requests_are_logged(tmp_path):
@@ -235,7 +235,7 @@ def test_judge_config_is_validated():
 
 def test_meta_verifier_config_is_validated_and_built():
     from rubric_jax.rubrics.prompts import META_VERIFIER_CATEGORIES
-    from rubric_jax.training.rl import make_meta_verifier
+    from rubric_jax.training.assembly import make_meta_verifier
     from rubric_jax.yaml_config import config_from_dict
 
     for bad, message in ((dict(kind="llm", model="m"), "meta_verifier.url and meta_verifier.model"),
@@ -257,7 +257,7 @@ def test_meta_verifier_config_is_validated_and_built():
 
 
 def test_llm_roles_carry_their_request_options():
-    from rubric_jax.training.rl import make_judge, make_meta_verifier
+    from rubric_jax.training.assembly import make_judge, make_meta_verifier
 
     options = dict(chat_template_kwargs={"enable_thinking": False}, extra_body={"reasoning_effort": "low"})
     judge = make_judge(JudgeConfig(kind="llm", url="http://127.0.0.1:9", model="Qwen/Qwen3-32B", format="rating",

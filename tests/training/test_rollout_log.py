@@ -11,7 +11,8 @@ import pytest
 from rubric_jax.judges.records import read_judged_rollouts
 from rubric_jax.training.checkpoint import Checkpointer
 from rubric_jax.training.metrics import read_metrics
-from rubric_jax.training.rl import rollout_log_path, train_rl
+from rubric_jax.training.rl import train_rl
+from rubric_jax.training.run_files import rollout_log_path
 from rubric_jax.training.run_config import CheckpointConfig, EvalConfig, MetricsConfig, RLConfig, RolloutLogConfig
 from rubric_jax.yaml_config import apply_overrides, config_from_dict, load_config
 from tests.training.test_rl import tiny_rl_config

@@ -1,4 +1,4 @@
-"""The synthesis stages' prompts (`rubrics.prompts`, last section) and output schemas (`rubrics.synthesis`):
+"""The synthesis stages' prompts (`rubrics.prompts`, last section) and output schemas (`rubrics.synthesis_schemas`):
 hand-made valid and invalid outputs, the JSON schemas sent as response formats, and fencing of the texts a prompt
 shows."""
 
@@ -7,7 +7,7 @@ import json
 import pytest
 
 from rubric_jax.rubrics import parsing, prompts
-from rubric_jax.rubrics import synthesis as schemas
+from rubric_jax.rubrics import synthesis_schemas as schemas
 
 CRITERION = {"name": "Mechanism", "description": "Names the trapping mechanism.", "weight": 3,
              "required_elements": ["trapping"], "expected_keywords": ["trap"],
