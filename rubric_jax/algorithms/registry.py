@@ -4,8 +4,16 @@
 A recipe may also contribute an analysis of held-out responses, `register(name, eval_metrics=fn)`, which
 `training.evaluate` adds under "eval/<name>/" for the recipes it is asked for (the run's algorithm, the task's
 `eval_recipes`); `eval_metrics_fn(name)` returns it. So the trainer knows no recipe by name.
+
+A recipe defined outside the package registers itself when its module is imported: a run config names that
+module in `algorithm.imports` (`import_recipe_modules`), a notebook or script imports it itself.
 """
 
+import importlib
+import importlib.util
+import os
+import sys
+from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
@@ -56,3 +64,49 @@ def eval_metrics_fn(name: str) -> Optional[EvalMetricsFn]:
     if name not in _ALGORITHMS:
         raise ValueError(f"unknown recipe {name!r} for evaluation metrics; registered: {names()}")
     return _EVAL_METRICS.get(name)
+
+
+def import_recipe_modules(modules: Sequence[str]) -> None:
+    """Imports the modules that define a run's own recipes (`algorithm.imports` of a run config), so that their
+    `register` calls run before `algorithm.name` is looked up. An entry ending in ".py" is a Python file, its path
+    relative to the current directory; any other entry is a module name (`my_pkg.my_recipe`), found as
+    `python -m` finds one: from the current directory, then the installed packages. A module already imported
+    is not imported again, so reading a config twice (a relaunch re-reads the saved one) registers nothing twice;
+    to pick up edits in a notebook, `importlib.reload` the module (`register` then replaces its recipes).
+    ValueError naming the entry when it cannot be found; an error the module's own code raises goes through with
+    its traceback."""
+    for entry in modules:
+        if entry.endswith(".py"):
+            _import_file(Path(entry))
+            continue
+        if os.getcwd() not in sys.path and "" not in sys.path:
+            sys.path.insert(0, os.getcwd())
+        try:
+            importlib.import_module(entry)
+        except ModuleNotFoundError as error:
+            if error.name is None or not (entry == error.name or entry.startswith(error.name + ".")):
+                raise  # the module was found, and a module it imports is missing: its own traceback says which
+            raise ValueError(f"config key algorithm.imports: no module named {entry!r} (from "
+                             f"{os.getcwd()} or the installed packages)") from None
+
+
+def _import_file(path: Path) -> None:
+    """Imports the Python file `path` as a module named after the file (`recipes/critz.py`: `critz`), unless
+    that module was already imported from that file."""
+    if not path.is_file():
+        raise ValueError(f"config key algorithm.imports: {path} is not a file (a path is read from {os.getcwd()})")
+    name = path.stem
+    loaded = sys.modules.get(name)
+    if loaded is not None and Path(getattr(loaded, "__file__", "") or "").resolve() == path.resolve():
+        return
+    if loaded is not None:
+        raise ValueError(f"config key algorithm.imports: {path} would be imported as the module {name!r}, which is "
+                         f"already {getattr(loaded, '__file__', None) or 'a built-in module'}: rename the file")
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise

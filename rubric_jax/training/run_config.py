@@ -16,7 +16,7 @@ import re
 from typing import Any, Literal, Optional
 
 from rubric_jax.algorithms.base import StepShape
-from rubric_jax.algorithms.registry import algorithm_class
+from rubric_jax.algorithms.registry import algorithm_class, import_recipe_modules
 from rubric_jax.inference.engine import SamplingParams
 from rubric_jax.judges.llm import check_credentials, check_request_options
 from rubric_jax.training.optim import OptimizerConfig
@@ -227,10 +227,19 @@ class CriticConfig:
 
 @dataclasses.dataclass(frozen=True)
 class AlgorithmSpec:
-    """A recipe of `rubric_jax.algorithms` by name, and its config (the recipe's own config class)."""
+    """A recipe of `rubric_jax.algorithms` by name, and its config (the recipe's own config class).
+
+    imports: the modules that define recipes of the user's own (module names, or paths of Python files relative
+    to the current directory), imported when the config is read, before `name` is looked up
+    (`registry.import_recipe_modules`; docs/extending.md): `rubric-jax train` then trains a recipe defined
+    outside the package, e.g. `algorithm: {name: critz, imports: [my_recipes.critz]}`."""
 
     name: str = "rar"
     params: dict = dataclasses.field(default_factory=dict)
+    imports: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        import_recipe_modules(self.imports)
 
 
 @dataclasses.dataclass(frozen=True)
