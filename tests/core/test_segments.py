@@ -109,3 +109,32 @@ def test_empty_segments_and_fully_masked_batches_are_defined():
     np.testing.assert_array_equal(others.count, 0)
     np.testing.assert_array_equal(others.std, 0)
     assert np.all(np.isfinite(stats.mean)) and np.all(np.isfinite(others.mean))
+
+
+def test_group_stats_by_hand():
+    # groups 7 (rows 0, 2, 4; row 4 masked) and -1 (rows 1, 3): sample std of {1, 3} and of {10, 10}
+    values = jnp.array([1.0, 10.0, 3.0, 10.0, 100.0])
+    stats = segments.group_stats(values, jnp.array([7, -1, 7, -1, 7]), jnp.array([1, 1, 1, 1, 0], bool), std_ddof=1)
+    np.testing.assert_array_equal(stats.count, [2, 2, 2, 2, 2])
+    np.testing.assert_allclose(stats.mean, [2.0, 10.0, 2.0, 10.0, 2.0])
+    np.testing.assert_allclose(stats.std, [np.sqrt(2.0), 0.0, np.sqrt(2.0), 0.0, np.sqrt(2.0)], rtol=1e-6)
+    np.testing.assert_allclose(stats.deviation, [-1.0, 0.0, 1.0, 0.0, 98.0])
+    # no mask: every row counts; population std
+    whole = segments.group_stats(values, jnp.array([0, 1, 0, 1, 0]), std_ddof=0)
+    np.testing.assert_allclose(whole.mean[0], 104 / 3, rtol=1e-6)
+    np.testing.assert_allclose(whole.std[0], np.std([1.0, 3.0, 100.0]), rtol=1e-6)
+
+
+@pytest.mark.parametrize("ddof", [0, 1])
+@pytest.mark.parametrize("seed", range(10))
+def test_group_stats_is_segment_stats_over_dense_group_ids(seed, ddof):
+    rng = np.random.default_rng(seed)
+    values = random_rewards(rng, NUM_ROWS)
+    ids = random_group_ids(rng, NUM_ROWS)
+    mask = rng.random(NUM_ROWS) < 0.8
+    got = jax.jit(segments.group_stats, static_argnames="std_ddof")(values, ids, mask, std_ddof=ddof)
+    count, mean, std = loop_stats(values, ids, mask, ddof, leave_out=False)
+    np.testing.assert_array_equal(got.count, count)
+    np.testing.assert_allclose(got.std, std, rtol=1e-5, atol=1e-7)
+    has = count > 0
+    np.testing.assert_allclose(np.asarray(got.mean)[has], mean[has], rtol=1e-6, atol=1e-6)
