@@ -866,8 +866,8 @@ def dynamic_groups(
     `recipe/dapo` `filter_groups`): (the groups that train, keep_b [B] bool, metrics).
 
     `config` is the recipe's config, with `dynamic_sampling` (a mode of `dynamic_sampling_mode`; a config without
-    it: "off"), `max_num_gen_batches` and `gen_batch_prompts`. `draw(examples, gen_batch)` samples (seeded by the generation
-    batch, `sample_groups`' `gen_batch`) and judges the groups of `examples`, as far as `informative` needs;
+    it: "off"), `max_num_gen_batches` and `gen_batch_prompts`. `draw(examples, gen_batch)` samples (seeded by the
+    generation batch, `sample_groups`' `gen_batch`) and judges the groups of `examples`, as far as `informative` needs;
     `informative(groups)` is the recipe's filter, [B] bool rows to keep (eq 11: a group whose accuracy, or reward,
     is the same for every rollout has no gradient and is not kept).
 

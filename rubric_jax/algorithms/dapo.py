@@ -27,6 +27,7 @@ accuracy (eq 11's 0 < |{correct}| < G), not the shaped reward, as DAPO does.
 """
 
 import dataclasses
+import types
 from typing import Optional
 
 import jax.numpy as jnp
@@ -92,6 +93,10 @@ def mixed_accuracy(groups: base.GroupBatch) -> np.ndarray:
 @register("dapo")
 class DAPO(base.GroupRecipe):
     config_class = DAPOConfig
+    console_metrics = ("dapo/kept_group_fraction",)
+    plot_panels = types.MappingProxyType({
+        "dapo/sampling": ("dapo/kept_group_fraction", "dapo/overlong_penalty_mean"),
+    })
 
     def _max_length(self, context: base.RolloutContext) -> int:
         max_length = self.config.max_length or context.sampling.max_new_tokens

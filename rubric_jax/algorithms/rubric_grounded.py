@@ -38,6 +38,7 @@ The paper's numeric hyperparameters did not survive in its text; the defaults he
 """
 
 import dataclasses
+import types
 from typing import Literal, Optional
 
 import jax.numpy as jnp
@@ -115,6 +116,11 @@ def grounded_advantages(reward_b: np.ndarray, group_ids: np.ndarray, valid_b: np
 @register("rubric_grounded")
 class RubricGrounded(base.GroupRecipe):
     config_class = RubricGroundedConfig
+    console_metrics = ("grounded/zero_reward_fraction", "grounded/kept_group_fraction")
+    plot_panels = types.MappingProxyType({
+        "grounded/rewards": ("grounded/zero_reward_fraction", "grounded/empty_rubric_fraction"),
+        "grounded/sampling": ("grounded/kept_group_fraction",),
+    })
 
     @property
     def negative_weights(self) -> str:
