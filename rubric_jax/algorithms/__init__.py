@@ -2,8 +2,9 @@
 functions; all run through the same trainer.
 
 base.py             the task interface, the rollout context, `Experience`, `PolicyLossConfig`, the `Algorithm`
-                    base class and the host-side steps recipes compose (sample groups, merge roles' rows, judge
-                    them, metrics).
+                    base class, the host-side steps recipes compose (sample groups, merge roles' rows, judge
+                    them, metrics) and `GroupRecipe`, the response-level recipes' shared algorithm box, whose
+                    steps (draw, reward, informative, advantage, metrics) a variant overrides one at a time.
 registry.py         recipes by name (`register`, `algorithm_class`, `names`) and their evaluation analyses
                     (`register(name, eval_metrics=fn)`, `eval_metrics_fn`).
 rubric_grounded.py  rubric-grounded GRPO: the judge sees the grounding, weighted criteria, LOO baseline, k3 KL.

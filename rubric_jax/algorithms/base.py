@@ -19,6 +19,14 @@ Conventions:
 - Metrics are flat {name: float} with "/"-separated names: "reward/...", "rubric/<criterion name>" or
   "rubric/tag/<tag>" (`criterion_metric_keys`),
   "judge/...", "response/...", "advantage/...", "outcome/accuracy" (for tasks with outcome answers, `has_outcome`).
+  A recipe names its own headline metrics for the run's console and plots (`Algorithm.console_metrics`,
+  `Algorithm.plot_panels`).
+- Experience.recipe_values carries, for the rollout log, what the recipe made of each rollout it had judged
+  (`recipe_values`; `judges.records.with_recipe_values` attaches them to the recorded judge calls).
+
+Extension points: a recipe is a sequence of named steps, each an overridable method (the response-level recipes
+share `GroupRecipe`'s: `draw`, `reward`, `informative`, `advantage`, `metrics`; the others name theirs in their
+module docstrings), so a variant overrides the one step it changes and inherits the rest, fixes included.
 """
 
 import abc
@@ -26,16 +34,18 @@ import collections
 import dataclasses
 import functools
 import logging
+import types
 from typing import Any, Callable, Literal, Mapping, Optional, Protocol, Sequence, Set
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rubric_jax.core import aggregation, kl, losses
+from rubric_jax.core import advantages, aggregation, kl, losses, rubric_validity
 from rubric_jax.inference.engine import RolloutBatch, RolloutEngine, Sample, SamplingParams, prompt_token_ids
 from rubric_jax.judges.base import Judge, JudgeRequest, Verdicts
 from rubric_jax.judges.llm import LLMMetaVerifier
+from rubric_jax.judges.records import RecipeValues
 from rubric_jax.models import train_step
 from rubric_jax.rubrics.schema import Criterion, Rubric
 from rubric_jax.rubrics.steps import response_text, split_steps
@@ -132,11 +142,16 @@ class RolloutContext:
 @dataclasses.dataclass(frozen=True)
 class Experience:
     """A recipe's output for one step: the learner's arrays (module docstring), the width of the shared prompt
-    region (the learner's `first_scored`), and the step's metrics."""
+    region (the learner's `first_scored`), the step's metrics, and `recipe_values`: for each judge request the
+    recipe sent about one of its training rollouts, the request object and that rollout's values
+    {"reward", "advantage", "group"} (`recipe_values`), for the rollout log (`judges.records.with_recipe_values`
+    matches them to the recorded calls by identity). Values are plain floats and ints; the requests are the live
+    objects the judge was handed, so the pairs are read while the step's judge records are taken, not saved."""
 
     batch: dict[str, np.ndarray]
     prompt_width: int
     metrics: dict[str, float]
+    recipe_values: RecipeValues = ()
 
 # The `core.aggregation` modes with a constant normaliser, `PolicyLossConfig.norm_constant`.
 NORM_AGGREGATIONS = ("seq_mean_token_sum_norm", "token_sum_norm")
@@ -383,9 +398,17 @@ class RoleRows:
 
 
 class Algorithm(abc.ABC):
-    """One paper's recipe (module docstring). Subclasses set `config_class` and implement `experience`."""
+    """One paper's recipe (module docstring). Subclasses set `config_class` and implement `experience`.
+
+    Class attributes a recipe sets for the run's display of its own headline metrics (keys its `experience`
+    logs; a key a step does not log, under a setting that leaves it out, is shown as missing, not an error):
+    - `console_metrics`: the metric keys the run's console shows for this recipe besides its defaults.
+    - `plot_panels`: panel name -> the metric keys plotted together in that panel, besides the default panels.
+    """
 
     config_class: type
+    console_metrics: tuple[str, ...] = ()
+    plot_panels: Mapping[str, tuple[str, ...]] = types.MappingProxyType({})
 
     def __init__(self, config: Any):
         if not isinstance(config, self.config_class):
@@ -591,26 +614,63 @@ def concat_batches(parts: Sequence[tuple[Mapping[str, np.ndarray], int]], pad_id
     return merged, prompt_width
 
 
+def rollout_requests(examples: Sequence[Any], rollouts: Rollouts, task: Task) -> list[JudgeRequest]:
+    """One judge request per rollout (row order): its example's question, rubric, reference (shown to the judge
+    only) and prompt, the response text and its number of steps."""
+    requests = []
+    for s, text in zip(rollouts.samples, rollouts.texts):
+        example = examples[s.prompt_index]
+        requests.append(JudgeRequest(question=task.question(example), response=text, rubric=task.rubric(example),
+                                     reference=task.reference(example), num_steps=len(split_steps(text)),
+                                     conversation=tuple(task.prompt(example))))
+    return requests
+
+
+def judge_requests(requests: Sequence[JudgeRequest], context: RolloutContext, max_items: int) -> Verdicts:
+    """The context's judge on `requests` in one call, timed as the "judging" phase: verdicts [len, max_items]."""
+    with context.timer.phase("judging"):
+        return context.judge.judge(requests, max_items)
+
+
 def judge_rollouts(
     examples: Sequence[Any], rollouts: Rollouts, context: RolloutContext, max_items: int
 ) -> tuple[Verdicts, list[Rubric]]:
-    """Every rollout judged against its example's rubric (the reference shown to the judge only); returns the
-    verdicts [B, max_items] and each row's rubric."""
-    rubrics = [context.task.rubric(examples[s.prompt_index]) for s in rollouts.samples]
-    requests = [
-        JudgeRequest(
-            question=context.task.question(examples[s.prompt_index]),
-            response=text,
-            rubric=rubric,
-            reference=context.task.reference(examples[s.prompt_index]),
-            num_steps=len(split_steps(text)),
-            conversation=tuple(context.task.prompt(examples[s.prompt_index])),
-        )
-        for s, text, rubric in zip(rollouts.samples, rollouts.texts, rubrics)
-    ]
-    with context.timer.phase("judging"):
-        verdicts = context.judge.judge(requests, max_items)
-    return verdicts, rubrics
+    """Every rollout judged against its example's rubric (`rollout_requests`); returns the verdicts
+    [B, max_items] and each row's rubric. A recipe that hands the rollout log its values judges through
+    `judge_groups`, which keeps the requests."""
+    requests = rollout_requests(examples, rollouts, context.task)
+    return judge_requests(requests, context, max_items), [r.rubric for r in requests]
+
+
+def judge_groups(groups: "GroupBatch", context: RolloutContext, max_items: int) -> "GroupBatch":
+    """`groups` with every rollout judged against its example's rubric (`rollout_requests`): its verdicts
+    [B, max_items], each row's rubric and each row's judge request (the object the judge was handed, which
+    `recipe_values` pairs with the row's values)."""
+    requests = rollout_requests(groups.examples, groups.rollouts, context.task)
+    return dataclasses.replace(groups, verdicts=judge_requests(requests, context, max_items),
+                               rubrics=[r.rubric for r in requests], requests=requests)
+
+
+def outcome_correctness(examples: Sequence[Any], rollouts: Rollouts, task: Task) -> np.ndarray:
+    """[B] bool: each rollout's answer checked by the task's verifier (`Task.is_correct`), in row order."""
+    return np.array([task.is_correct(text, examples[s.prompt_index])
+                     for s, text in zip(rollouts.samples, rollouts.texts)], bool)
+
+
+def recipe_values(requests: Sequence[JudgeRequest], reward_b: np.ndarray, advantage_b: Optional[np.ndarray],
+                  group_ids: np.ndarray, rows: Optional[Sequence[int]] = None) -> RecipeValues:
+    """`Experience.recipe_values` of judged rows: request i is about batch row rows[i] (None: row i), whose values
+    are {"reward": reward_b[row], "advantage": advantage_b[row], "group": group_ids[row]}. `advantage_b` is what
+    the learner trains the row with (0 for a row out of the loss); None leaves "advantage" out (a critic's
+    advantages come later, from the trainer). Python floats and ints, as the rollout log writes them."""
+    rows = range(len(requests)) if rows is None else rows
+    pairs = []
+    for request, row in zip(requests, rows):
+        values = {"reward": float(reward_b[row]), "group": int(group_ids[row])}
+        if advantage_b is not None:
+            values["advantage"] = float(advantage_b[row])
+        pairs.append((request, values))
+    return tuple(pairs)
 
 
 def criterion_metric_keys(criterion: Criterion, recurring_names: Optional[Set[str]] = None) -> tuple[str, ...]:
@@ -720,16 +780,19 @@ def check_resampling(mode: str, max_num_gen_batches: int, gen_batch_prompts: Opt
 
 @dataclasses.dataclass(frozen=True)
 class GroupBatch:
-    """Sampled groups as a recipe judges them before dynamic sampling selects among them: the examples (one per
-    group), their rollouts (G rows each, prompt-major: row b belongs to group b // G), each row's outcome
-    correctness (`Task.is_correct`), and, for a recipe that judges before it selects, the verdicts [B, K] and each
-    row's rubric (`judge_rollouts`)."""
+    """Sampled groups as a recipe scores them: the examples (one per group), their rollouts (G rows each,
+    prompt-major: row b belongs to group b // G), each row's outcome correctness (`Task.is_correct`), and, once
+    judged (`judge_groups`), the verdicts [B, K], each row's rubric and each row's judge request. `extras` holds
+    per-row arrays [B, ...] a recipe draws with its groups (GRPO's ReMax baseline); dynamic sampling selects and
+    concatenates them with the rows."""
 
     examples: list
     rollouts: Rollouts
     correct_b: np.ndarray
     verdicts: Optional[Verdicts] = None
     rubrics: Optional[list[Rubric]] = None
+    requests: Optional[list[JudgeRequest]] = None
+    extras: Mapping[str, np.ndarray] = dataclasses.field(default_factory=dict)
 
     @property
     def owners(self) -> list:
@@ -755,12 +818,14 @@ def take_groups(groups: GroupBatch, chosen: Sequence[int]) -> GroupBatch:
     return GroupBatch(
         examples=[groups.examples[g] for g in chosen], rollouts=taken, correct_b=groups.correct_b[rows],
         verdicts=None if groups.verdicts is None else groups.verdicts.take(rows),
-        rubrics=None if groups.rubrics is None else [groups.rubrics[r] for r in rows])
+        rubrics=None if groups.rubrics is None else [groups.rubrics[r] for r in rows],
+        requests=None if groups.requests is None else [groups.requests[r] for r in rows],
+        extras={key: value[rows] for key, value in groups.extras.items()})
 
 
 def concat_groups(parts: Sequence[GroupBatch], pad_id: int) -> GroupBatch:
-    """The groups of `parts` (non-empty, each with or each without verdicts) as one GroupBatch, part after part;
-    the packed rows re-padded to the widest prompt (`concat_batches`)."""
+    """The groups of `parts` (non-empty, each judged or none, with the same extras) as one GroupBatch, part after
+    part; the packed rows re-padded to the widest prompt (`concat_batches`)."""
     if not parts:
         raise ValueError("concat_groups needs at least one part")
     samples, offset = [], 0
@@ -776,7 +841,10 @@ def concat_groups(parts: Sequence[GroupBatch], pad_id: int) -> GroupBatch:
     verdicts = Verdicts.concatenate([p.verdicts for p in parts]) if judged else None
     return GroupBatch(examples=[e for p in parts for e in p.examples], rollouts=rollouts,
                       correct_b=np.concatenate([p.correct_b for p in parts]), verdicts=verdicts,
-                      rubrics=[r for p in parts for r in p.rubrics] if judged else None)
+                      rubrics=[r for p in parts for r in p.rubrics] if judged else None,
+                      requests=None if any(p.requests is None for p in parts) else [
+                          r for p in parts for r in p.requests],
+                      extras={key: np.concatenate([p.extras[key] for p in parts]) for key in parts[0].extras})
 
 
 def group_decisions(keep_b: np.ndarray, group_ids: np.ndarray, groups: int) -> np.ndarray:
@@ -797,9 +865,9 @@ def dynamic_groups(
     """A step's groups under dynamic sampling (DAPO, Yu et al. 2025, section 3.2 and Algorithm 1; verl's
     `recipe/dapo` `filter_groups`): (the groups that train, keep_b [B] bool, metrics).
 
-    `config` is the recipe's config, with `dynamic_sampling` (a mode of `dynamic_sampling_mode`),
-    `max_num_gen_batches` and `gen_batch_prompts`. `draw(examples, gen_batch)` samples (seeded by the generation
-    batch, `sample_groups`' `gen_batch`) and judges the groups of `examples`, as far as `informative` needs;
+    `config` is the recipe's config, with `dynamic_sampling` (a mode of `dynamic_sampling_mode`; a config without
+    it: "off"), `max_num_gen_batches` and `gen_batch_prompts`. `draw(examples, gen_batch)` samples (seeded by the
+    generation batch, `sample_groups`' `gen_batch`) and judges the groups of `examples`, as far as `informative` needs;
     `informative(groups)` is the recipe's filter, [B] bool rows to keep (eq 11: a group whose accuracy, or reward,
     is the same for every rollout has no gradient and is not kept).
 
@@ -819,7 +887,7 @@ def dynamic_groups(
       "dynamic_sampling/cap_hit" (1 when the cap stopped the step short).
       The draws move the stream, so the data position a checkpoint saves includes them and a resumed run draws
       what the uninterrupted one did; the seeds are a function of (run seed, step, generation batch)."""
-    mode = config.dynamic_sampling
+    mode = getattr(config, "dynamic_sampling", "off")
     if mode != "resample":
         groups = draw(list(examples), 0)
         keep_b = informative(groups) if mode == "mask" else np.ones(len(groups.correct_b), bool)
@@ -862,3 +930,93 @@ def dynamic_groups(
     metrics = {"dynamic_sampling/gen_batches": float(gen_batch), "dynamic_sampling/groups_drawn": float(drawn),
                "dynamic_sampling/groups_kept": float(kept_count), "dynamic_sampling/cap_hit": float(not full)}
     return selected, keep_b, metrics
+
+
+# ---------------------------------------------------------------- the response-level skeleton
+
+
+class GroupRecipe(Algorithm):
+    """The algorithm box the response-level recipes share (RaR, GRPO, DAPO, rubric-grounded GRPO): one scalar
+    reward per response, a group-relative advantage on every response token. For each step (G = sampling.n):
+
+      1. sample G responses per prompt, judge them, check their answers     draw
+         (a config with `dynamic_sampling`: further generation batches,     dynamic_groups, informative
+         or the uninformative groups masked)
+      2. r_i [B], and valid_b [B]: the rows in the group statistics          reward
+      3. A_i [B] from the rewards, group ids and valid rows                  advantage
+      4. A_i on the response tokens of the rows that train (valid and kept)  core.advantages.broadcast_to_tokens
+      5. the step's metrics                                                  metrics
+      and, for the rollout log, each judged row's reward, advantage, group   recipe_values
+
+    Each numbered step is a method with the signature documented on it: a variant overrides the step it changes
+    (a new reward, a new estimator) and inherits the others, sampling, judging, packing, dynamic sampling and
+    metrics included, so a fix to them reaches it. The config has `policy_loss`; a judged recipe's also
+    `max_items` (the rubric width K), and the default advantage reads `std_ddof` and `eps`."""
+
+    @property
+    def policy_loss(self) -> PolicyLossConfig:
+        return self.config.policy_loss
+
+    def draw(self, examples: list, context: RolloutContext, step: int, gen_batch: int) -> GroupBatch:
+        """Step 1 for generation batch `gen_batch` of the step (`dynamic_groups`' `draw`; 0 without dynamic
+        sampling): G responses to each example's prompt (`sample_groups`), each answer's correctness
+        (`outcome_correctness`), and each response judged against its rubric (`judge_groups`, K =
+        config.max_items)."""
+        rollouts = sample_groups([context.task.prompt(e) for e in examples], context, step, gen_batch=gen_batch)
+        groups = GroupBatch(examples=examples, rollouts=rollouts,
+                            correct_b=outcome_correctness(examples, rollouts, context.task))
+        return judge_groups(groups, context, self.config.max_items)
+
+    @abc.abstractmethod
+    def reward(self, groups: GroupBatch, context: RolloutContext) -> tuple[np.ndarray, np.ndarray]:
+        """Step 2: (reward_b [B] float32, valid_b [B] bool) of the drawn `groups` (rows prompt-major; verdicts,
+        rubrics and correctness in `groups`): each rollout's reward, and the rows that take part in their group's
+        statistics and the loss (a failed judgement under an "exclude" policy is not valid)."""
+
+    def informative(self, groups: GroupBatch, context: RolloutContext) -> np.ndarray:
+        """Dynamic sampling's filter (`dynamic_groups`' `informative`), [B] bool: the valid rows of the groups whose
+        rewards differ (`core.rubric_validity.dapo_group_filter` on `reward`); a group whose rewards tie has no
+        gradient. Read only when the config has `dynamic_sampling` other than "off"."""
+        reward_b, valid_b = self.reward(groups, context)
+        return np.asarray(rubric_validity.dapo_group_filter(
+            jnp.asarray(reward_b), jnp.asarray(groups.rollouts.group_ids), jnp.asarray(valid_b)))
+
+    def advantage(self, reward_b: np.ndarray, group_ids: np.ndarray, valid_b: np.ndarray,
+                  groups: GroupBatch) -> np.ndarray:
+        """Step 3: advantage_b [B] float32 from the rewards [B], the group ids [B] (row b's prompt) and the valid
+        rows [B] (0 on the others); `groups` holds what else an estimator may read (verdicts and rubrics for a
+        per-criterion one, the rollouts' lengths, `extras`). The default is GRPO's, (r - mean_g) / (std_g + eps)
+        over the valid rows, std by config.std_ddof (`core.advantages.grpo_advantages`)."""
+        del groups
+        return np.asarray(advantages.grpo_advantages(
+            jnp.asarray(reward_b), jnp.asarray(group_ids), jnp.asarray(valid_b), std_ddof=self.config.std_ddof,
+            eps=self.config.eps))
+
+    def metrics(self, groups: GroupBatch, reward_b: np.ndarray, advantage_b: np.ndarray, trained_b: np.ndarray,
+                context: RolloutContext) -> dict[str, float]:
+        """Step 5: "reward/*" over every row, "advantage/*" over the rows that train (`trained_b`, valid and kept
+        by dynamic sampling), "rubric/*" and "judge/*" when the groups were judged (`rubric_metrics`),
+        "response/*" and "outcome/accuracy" (`rollout_metrics`). A recipe adds its own to these (dynamic
+        sampling's are added after)."""
+        metrics = {**summary_stats("reward", reward_b), **summary_stats("advantage", advantage_b, trained_b)}
+        if groups.verdicts is not None:
+            metrics.update(rubric_metrics(groups.verdicts, groups.rubrics, context.task))
+        metrics.update(rollout_metrics(groups.rollouts, groups.correct_b, context.task))
+        return metrics
+
+    def experience(self, examples: Sequence[Any], context: RolloutContext, step: int) -> Experience:
+        groups, keep_b, sampling_metrics = dynamic_groups(
+            examples, context, self.config, lambda batch, gen_batch: self.draw(batch, context, step, gen_batch),
+            lambda drawn: self.informative(drawn, context))
+        group_ids = groups.rollouts.group_ids
+        reward_b, valid_b = self.reward(groups, context)
+        advantage_b = self.advantage(reward_b, group_ids, valid_b, groups)
+        trained_b = valid_b & keep_b
+        batch = dict(groups.rollouts.batch)
+        batch["response_mask_bt"] = batch["response_mask_bt"] & trained_b[:, None]
+        batch["advantages_bt"] = np.asarray(advantages.broadcast_to_tokens(
+            jnp.asarray(advantage_b), jnp.asarray(batch["response_mask_bt"])))
+        metrics = {**self.metrics(groups, reward_b, advantage_b, trained_b, context), **sampling_metrics}
+        values = recipe_values(groups.requests or (), reward_b, np.where(trained_b, advantage_b, 0.0), group_ids)
+        return Experience(batch=batch, prompt_width=groups.rollouts.prompt_width, metrics=metrics,
+                          recipe_values=values)

@@ -2,18 +2,19 @@
 four changes, each its own switch here: clip-higher (eps_low 0.2, eps_high 0.28), dynamic sampling, a
 token-level loss (token-mean aggregation) and overlong reward shaping; no KL term.
 
-For each step (G = sampling.n responses per prompt):
-  1. sample G responses per prompt                               base.sample_groups
-  2. r_i = +1 if task.is_correct(o_i) else -1 (section 2.4)     core.rewards.rlcer_outcome_reward
-  3. r_i += R_length(|o_i|) (eq 13): 0 up to L_max - buffer,      core.rewards.dapo_overlong_shaping
+For each step (G = sampling.n responses per prompt; the steps of `base.GroupRecipe`, each its method):
+  1. sample G responses per prompt, check their answers          draw: grpo.outcome_groups
+     dynamic sampling (eq 11, Algorithm 1): a group whose        informative: mixed_accuracy
+     answers are all right or all wrong has no gradient;         (core.rubric_validity.dapo_group_filter),
+     "resample": further generation batches until                base.dynamic_groups
+     prompts_per_step groups with mixed answers are kept;         (switch: dynamic_sampling;
+     "mask": its rows are masked out of the loss                  max_num_gen_batches, gen_batch_prompts)
+  2. r_i = +1 if task.is_correct(o_i) else -1 (section 2.4)     reward: core.rewards.rlcer_outcome_reward
+     r_i += R_length(|o_i|) (eq 13): 0 up to L_max - buffer,      core.rewards.dapo_overlong_shaping
      then a linear ramp to -factor at L_max                      (switch: overlong_shaping)
-  4. A_i = (r_i - mean_g r) / (std_g r + eps), sample std        core.advantages.grpo_advantages
-  5. dynamic sampling (eq 11, Algorithm 1): a group whose        core.rubric_validity.dapo_group_filter,
-     answers are all right or all wrong has no gradient;         base.dynamic_groups
-     "resample": further generation batches until                (switch: dynamic_sampling;
-     prompts_per_step groups with mixed answers are kept;         max_num_gen_batches, gen_batch_prompts)
-     "mask": its rows are masked out of the loss
-  6. clipped update with (eps_low, eps_high) = (0.2, 0.28),       base.policy_loss_fn
+  3. A_i = (r_i - mean_g r) / (std_g r + eps), sample std        advantage: core.advantages.grpo_advantages
+  4. A_i on the response tokens of the kept groups               core.advantages.broadcast_to_tokens
+  5. clipped update with (eps_low, eps_high) = (0.2, 0.28),       base.policy_loss_fn
      token-mean aggregation (eq 12), no KL
 
 Dynamic sampling: "resample" is DAPO's (verl's `filter_groups`, metric acc: generation batches of
@@ -26,15 +27,16 @@ accuracy (eq 11's 0 < |{correct}| < G), not the shaped reward, as DAPO does.
 """
 
 import dataclasses
-from typing import Any, Optional, Sequence
+import types
+from typing import Optional
 
 import jax.numpy as jnp
 import numpy as np
 
 from rubric_jax.algorithms import base
-from rubric_jax.algorithms.grpo import outcome_rollouts
+from rubric_jax.algorithms.grpo import outcome_groups
 from rubric_jax.algorithms.registry import register
-from rubric_jax.core import advantages, rewards, rubric_validity
+from rubric_jax.core import rewards, rubric_validity
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,19 +90,13 @@ def mixed_accuracy(groups: base.GroupBatch) -> np.ndarray:
         jnp.asarray(groups.correct_b, jnp.float32), jnp.asarray(groups.rollouts.group_ids)))
 
 
-def outcome_groups(examples: list, context: base.RolloutContext, step: int, gen_batch: int) -> base.GroupBatch:
-    """Step 1 and the verifier's verdicts of generation batch `gen_batch` (`base.dynamic_groups`' `draw`)."""
-    rollouts, correct_b = outcome_rollouts(examples, context, step, gen_batch=gen_batch)
-    return base.GroupBatch(examples=examples, rollouts=rollouts, correct_b=correct_b)
-
-
 @register("dapo")
-class DAPO(base.Algorithm):
+class DAPO(base.GroupRecipe):
     config_class = DAPOConfig
-
-    @property
-    def policy_loss(self) -> base.PolicyLossConfig:
-        return self.config.policy_loss
+    console_metrics = ("dapo/kept_group_fraction",)
+    plot_panels = types.MappingProxyType({
+        "dapo/sampling": ("dapo/kept_group_fraction", "dapo/overlong_penalty_mean"),
+    })
 
     def _max_length(self, context: base.RolloutContext) -> int:
         max_length = self.config.max_length or context.sampling.max_new_tokens
@@ -109,33 +105,33 @@ class DAPO(base.Algorithm):
                              f"({max_length}, the rollout's max_new_tokens), or every response would be punished")
         return max_length
 
-    def experience(self, examples: Sequence[Any], context: base.RolloutContext, step: int) -> base.Experience:
+    def draw(self, examples: list, context: base.RolloutContext, step: int, gen_batch: int) -> base.GroupBatch:
+        """Step 1 (`outcome_groups`), refused before any sampling when the overlong buffer would punish every
+        response."""
+        self._max_length(context)
+        return outcome_groups(examples, context, step, gen_batch)
+
+    def informative(self, groups: base.GroupBatch, context: base.RolloutContext) -> np.ndarray:
+        """Step 1's filter on accuracy, not on the shaped reward (`mixed_accuracy`)."""
+        return mixed_accuracy(groups)
+
+    def reward(self, groups: base.GroupBatch, context: base.RolloutContext) -> tuple[np.ndarray, np.ndarray]:
+        """Step 2: +1 / -1 by the verifier, plus the overlong penalty when overlong_shaping is on, [B] float32;
+        every row valid (dynamic sampling decides which groups train)."""
         config = self.config
-        max_length = self._max_length(context)
-        groups, keep_b, sampling_metrics = base.dynamic_groups(
-            examples, context, config, lambda batch, gen_batch: outcome_groups(batch, context, step, gen_batch),
-            mixed_accuracy)
-        rollouts, correct_b = groups.rollouts, groups.correct_b
-        group_ids = rollouts.group_ids
-        outcome_b = np.asarray(rewards.rlcer_outcome_reward(jnp.asarray(correct_b)))
-        reward_b = outcome_b
+        reward_b = np.asarray(rewards.rlcer_outcome_reward(jnp.asarray(groups.correct_b)))
         if config.overlong_shaping:
-            lengths_b = np.array([len(s.output_ids) for s in rollouts.samples], np.int32)
+            lengths_b = np.array([len(s.output_ids) for s in groups.rollouts.samples], np.int32)
             reward_b = np.asarray(rewards.dapo_overlong_shaping(
-                jnp.asarray(outcome_b), jnp.asarray(lengths_b), max_length=max_length,
+                jnp.asarray(reward_b), jnp.asarray(lengths_b), max_length=self._max_length(context),
                 buffer_length=config.overlong_buffer, factor=config.overlong_factor))
-        advantage_b = np.asarray(advantages.grpo_advantages(
-            jnp.asarray(reward_b), jnp.asarray(group_ids), std_ddof=config.std_ddof, eps=config.eps))
-        batch = dict(rollouts.batch)
-        batch["response_mask_bt"] = batch["response_mask_bt"] & keep_b[:, None]
-        batch["advantages_bt"] = np.asarray(
-            advantages.broadcast_to_tokens(jnp.asarray(advantage_b), jnp.asarray(batch["response_mask_bt"])))
-        metrics = {
-            **base.summary_stats("reward", reward_b),
-            **base.summary_stats("advantage", advantage_b, keep_b),
-            **base.rollout_metrics(rollouts, correct_b, context.task),
-            "dapo/kept_group_fraction": kept_group_fraction(keep_b, group_ids),
-            "dapo/overlong_penalty_mean": float(np.mean(outcome_b - reward_b)),
-            **sampling_metrics,
-        }
-        return base.Experience(batch=batch, prompt_width=rollouts.prompt_width, metrics=metrics)
+        return reward_b, np.ones(len(reward_b), bool)
+
+    def metrics(self, groups: base.GroupBatch, reward_b: np.ndarray, advantage_b: np.ndarray, trained_b: np.ndarray,
+                context: base.RolloutContext) -> dict[str, float]:
+        """`base.GroupRecipe.metrics`, "dapo/kept_group_fraction" and "dapo/overlong_penalty_mean" (the mean of
+        what step 2's shaping took from the outcome reward)."""
+        outcome_b = np.asarray(rewards.rlcer_outcome_reward(jnp.asarray(groups.correct_b)))
+        return {**super().metrics(groups, reward_b, advantage_b, trained_b, context),
+                "dapo/kept_group_fraction": kept_group_fraction(trained_b, groups.rollouts.group_ids),
+                "dapo/overlong_penalty_mean": float(np.mean(outcome_b - reward_b))}

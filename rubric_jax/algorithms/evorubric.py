@@ -3,7 +3,8 @@ proposes criteria that separate the reasoner's responses, a multi-level verifica
 discriminative and agreed-on ones, and a memory pool archives them as the reasoner's evolving rubric; both roles
 are trained in one update.
 
-For each step (N = sampling.n responses and M = generator_group_size rubric sets per question q):
+For each step (N = sampling.n responses and M = generator_group_size rubric sets per question q;
+`generator_reward`, `reasoner_reward` and `advantage` are the recipe's methods a variant overrides):
   1. o_1..o_N ~ pi(. | q, p_rea)                                     base.sample_groups                eq 1
      the base rubric of q: the task's, or (base_rubric generated)    _base_rubrics                     4.1 (2)
      at q's first visit written once by the frozen initial policy
@@ -25,7 +26,8 @@ For each step (N = sampling.n responses and M = generator_group_size rubric sets
   5. variance filter: R^_m = {r in R~_m | std_n s_r > 0}              zero_variance_prune               step 3
   6. LOO consensus: rho_m = corr(v_m, v_\\m), v_m = mean of R^_m       evorubric_batch_scores,           step 4
                                                                      evorubric_peer_consensus
-  7. R_gen(R_m) = rho~_m + r_meta + r_disc - p_num - p_len; p_len     evorubric_scaled_consensus,       eq 3
+  7. R_gen(R_m) = rho~_m + r_meta + r_disc - p_num - p_len; p_len     generator_reward:                 eq 3
+                                                                     evorubric_scaled_consensus,
      counts the rubric text's tokens (the output after its           evorubric_meta_reward,
      thinking: `rubric_text_tokens`)                                 evorubric_discriminative_reward
                                                                      (core.rubric_validity, vmapped
@@ -33,12 +35,14 @@ For each step (N = sampling.n responses and M = generator_group_size rubric sets
                                                                      rewards.excess_penalty (count, tokens)
   8. pool[q] <- pool[q] + (R^_1 u ... u R^_M), before the reasoner    MemoryPool.archive                3.4.1
      is scored ("archived ... prior to this scoring phase")
-  9. R_rea(o_i) = S_base + S_pool - p_len: the positive-points score  evorubric_joint_reasoner_reward   eq 4
+  9. R_rea(o_i) = S_base + S_pool - p_len: the positive-points score  reasoner_reward:                  eq 4
+                                                                     evorubric_joint_reasoner_reward
      of the base rubric and pool[q] as one checklist (one            (score_normalisation joint) or
      denominator), or the sum of each source's own                   evorubric_reasoner_reward
      (score_normalisation); p_len is DAPO's overlong penalty         (separate);
                                                                      rewards.dapo_overlong_shaping     Table 8
- 10. A = GRPO per question, for each role on its own rollouts         roles.role_mask, select_by_role,
+ 10. A = GRPO per question, for each role on its own rollouts         advantage: roles.role_mask,
+                                                                     select_by_role,
                                                                      advantages.grpo_advantages
  11. one clipped update over the rows of both roles                   base.concat_batches, policy_loss_fn  eq 5
 
@@ -88,6 +92,7 @@ import collections
 import dataclasses
 import functools
 import re
+import types
 import unicodedata
 from typing import Any, Callable, Literal, Mapping, NamedTuple, Optional, Sequence
 
@@ -325,6 +330,13 @@ def _written_base_rubrics(entries: Any) -> dict[str, tuple[Criterion, ...]]:
 @register("evorubric")
 class EvoRubric(base.Algorithm):
     config_class = EvoRubricConfig
+    console_metrics = ("evorubric/pool_size", "evorubric/consensus_rho_mean", "generator/reward/mean")
+    plot_panels = types.MappingProxyType({
+        "evorubric/pool": ("evorubric/pool_size", "evorubric/archived"),
+        "evorubric/verification": ("evorubric/meta_rejected_fraction", "evorubric/pruned_fraction",
+                                   "evorubric/consensus_rho_mean"),
+        "evorubric/reasoner_scores": ("reasoner/base_score/mean", "reasoner/pool_score/mean"),
+    })
 
     @property
     def negative_weights(self) -> str:
@@ -407,8 +419,7 @@ class EvoRubric(base.Algorithm):
                                  reference=task.reference(examples[s.prompt_index]), num_steps=len(split_steps(text)),
                                  conversation=conversations[s.prompt_index])
                     for s, text in zip(reasoner.samples, reasoner.texts)]
-        with context.timer.phase("judging"):
-            verdicts = context.judge.judge(requests, max(len(r.criteria) for r in rubrics))
+        verdicts = base.judge_requests(requests, context, max(len(r.criteria) for r in rubrics))
         judged = ~verdicts.failed_b
 
         # 5-7. Score matrix, variance filter, LOO consensus, generator reward (eq 3).
@@ -417,7 +428,7 @@ class EvoRubric(base.Algorithm):
         terms = jax.device_get(generator_terms(scores, proposed_mask, verified_mask,
                                                judged.reshape(len(examples), num_responses),
                                                variance_filter=config.discriminative))
-        generator_reward, generator_terms_ = self._generator_reward(proposals, terms, generator, context.tokenizer)
+        generator_reward, generator_terms_ = self.generator_reward(proposals, terms, generator, context.tokenizer)
 
         # 8. R^ archived into the pool before the reasoner is scored (w/o the pool: scored with R^ alone). A
         # question is scored with its pool as its own archive left it (a question drawn twice in one step is
@@ -435,7 +446,7 @@ class EvoRubric(base.Algorithm):
                 graded.setdefault(criterion.text, column)
 
         # 9. Reasoner reward (eq 4); a judge failure gives 0 or leaves the group (on_judge_failure).
-        reasoner_reward, base_score, pool_score = self._reasoner_reward(
+        reasoner_reward, base_score, pool_score = self.reasoner_reward(
             base_rubrics, scored_pool, pool_columns, verdicts, reasoner, context.sampling.max_new_tokens)
         if config.on_judge_failure == FailurePolicy.ZERO_REWARD.value:
             reasoner_reward, reasoner_valid = np.where(judged, reasoner_reward, 0.0), np.ones_like(judged)
@@ -444,7 +455,7 @@ class EvoRubric(base.Algorithm):
 
         # 10. GRPO per question, role by role.
         role_ids = np.repeat([REASONER, GENERATOR], [len(reasoner.samples), len(generator.samples)])
-        advantage = self._role_advantages(
+        advantage = self.advantage(
             np.concatenate([reasoner_reward, generator_reward]),
             np.concatenate([reasoner.group_ids, len(examples) + generator.group_ids]), role_ids,
             np.concatenate([reasoner_valid, np.ones(len(generator.samples), bool)]))
@@ -456,8 +467,7 @@ class EvoRubric(base.Algorithm):
             parts.append((self._with_advantages(generator.batch, generator_advantage, None), generator.prompt_width))
         batch, prompt_width = base.concat_batches(parts, context.pad_id)
 
-        correct = np.array([task.is_correct(text, examples[s.prompt_index])
-                            for s, text in zip(reasoner.samples, reasoner.texts)], bool)
+        correct = base.outcome_correctness(examples, reasoner, task)
         metrics = {
             **base.summary_stats("reward", reasoner_reward, reasoner_valid),
             **base.summary_stats("advantage", reasoner_advantage, reasoner_valid),
@@ -472,7 +482,9 @@ class EvoRubric(base.Algorithm):
             **self._evolution_metrics(proposals, terms, verified_mask, archived),
             **base_metrics,
         }
-        return base.Experience(batch=batch, prompt_width=prompt_width, metrics=metrics)
+        values = base.recipe_values(requests, reasoner_reward, np.where(reasoner_valid, reasoner_advantage, 0.0),
+                                    reasoner.group_ids)
+        return base.Experience(batch=batch, prompt_width=prompt_width, metrics=metrics, recipe_values=values)
 
     # -------------------------------------------------------------- the steps, one method each
 
@@ -608,10 +620,12 @@ class EvoRubric(base.Algorithm):
                     scores[p, m, k] = criterion.weight * verdicts.satisfied_bk[rows, columns[p, m, k]]
         return scores, proposed, verified
 
-    def _generator_reward(self, proposals, terms: GeneratorTerms, generator, tokenizer) -> tuple[np.ndarray, dict]:
-        """Eq 3 per generator rollout [P * M], with the ablated terms left out; an unparsable proposal earns
-        parse_failure_reward - p_len, p_len over `rubric_text_tokens`. Also returns each term and those lengths
-        (for the metrics)."""
+    def generator_reward(self, proposals: "_Proposals", terms: GeneratorTerms, generator: base.Rollouts,
+                         tokenizer: Any) -> tuple[np.ndarray, dict]:
+        """Step 7: eq 3 per generator rollout [P * M] float32, from the step's proposals (parsed and verified,
+        steps 2-3), their verification terms (steps 5-6) and the generator's rollouts (their rubric text's tokens,
+        p_len), with the ablated terms left out; an unparsable proposal earns parse_failure_reward - p_len. Also
+        returns each term [P * M] and the rubric text lengths (for the metrics)."""
         config = self.config
         count = np.array([len(batch or ()) for batches in proposals.parsed for batch in batches], np.float32)
         lengths = np.array([rubric_text_tokens(tokenizer, text) for text in generator.texts], np.float32)
@@ -630,10 +644,13 @@ class EvoRubric(base.Algorithm):
         reward = np.where(parsed, sum(quality.values()) - penalties["count_penalty"], config.parse_failure_reward)
         return reward - penalties["length_penalty"], {**quality, **penalties, "rubric_length_mean": lengths}
 
-    def _reasoner_reward(self, base_rubrics, scored_pool, pool_columns, verdicts, reasoner, max_length):
-        """Eq 4 per reasoner rollout [P * N] under score_normalisation (and each source's own positive-points
-        score, for the metrics). The base rubric's verdicts are step 4's first columns; a pool criterion's, the
-        column of its text in `pool_columns`."""
+    def reasoner_reward(self, base_rubrics, scored_pool, pool_columns, verdicts, reasoner: base.Rollouts,
+                        max_length: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Step 9: eq 4 per reasoner rollout [P * N] float32 under score_normalisation, with DAPO's overlong
+        penalty over `max_length` tokens; and each source's own positive-points score [P * N] (S_base, S_pool, for
+        the metrics). Per question p: its base rubric `base_rubrics[p]` and scored pool `scored_pool[p]`
+        (criteria); `verdicts` step 4's [P * N, K], the base rubric's in the first columns, a pool criterion's in
+        the column of its text in `pool_columns[p]`."""
         num_rows = len(reasoner.samples)
         base_items = _ItemArrays(num_rows, max([len(r) for r in base_rubrics] + [1]))
         pool_items = _ItemArrays(num_rows, max([len(c) for c in scored_pool] + [1]))
@@ -655,8 +672,11 @@ class EvoRubric(base.Algorithm):
         pool_score = rewards.positive_points_score(*pool_items.arrays())
         return np.asarray(reward), np.asarray(base_score), np.asarray(pool_score)
 
-    def _role_advantages(self, reward_b, group_ids, role_ids, valid_b):
-        """GRPO within each question's group, computed for each role on that role's rows only (core.roles)."""
+    def advantage(self, reward_b: np.ndarray, group_ids: np.ndarray, role_ids: np.ndarray,
+                  valid_b: np.ndarray) -> np.ndarray:
+        """Step 10: [B] advantages of both roles' rows from their rewards [B], group ids [B] (a question's
+        reasoner rows and its generator rows are different groups) and role ids [B]: GRPO within each group,
+        computed for each role on that role's valid rows only (core.roles), 0 on the others."""
         reward_b, group_ids, role_ids = jnp.asarray(reward_b), jnp.asarray(group_ids), jnp.asarray(role_ids)
         by_role = jnp.stack([
             advantages.grpo_advantages(reward_b, group_ids, roles.role_mask(role_ids, role, jnp.asarray(valid_b)),

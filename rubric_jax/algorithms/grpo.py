@@ -2,14 +2,15 @@
 rubric recipe is measured against. A response earns 1 when the task's verifier finds its answer correct and 0
 otherwise; no rubric and no judge enter the reward (rubric satisfaction is still measured by the trainer's eval).
 
-For each step (G = sampling.n responses per prompt):
-  1. sample G responses per prompt                               base.sample_groups
-  2. r_i = 1 if task.is_correct(o_i) else 0                      Task.is_correct
-  3. A_i from the rewards by `estimator` (below); by default      core.advantages.grpo_advantages
+For each step (G = sampling.n responses per prompt; the steps of `base.GroupRecipe`, each its method):
+  1. sample G responses per prompt, check their answers          draw: base.sample_groups, Task.is_correct
+                                                                 (`outcome_groups`)
+  2. r_i = 1 if task.is_correct(o_i) else 0                      reward
+  3. A_i from the rewards by `estimator` (below); by default      advantage: core.advantages.grpo_advantages
      A_i = (r_i - mean_g r) / (std_g r + eps), sample std
      (0 for a group whose answers are all right or all wrong)
-     broadcast to the response's tokens                          core.advantages.broadcast_to_tokens
-  4. PPO clip update (+ optional KL to the initial policy)        base.policy_loss_fn
+  4. A_i on the response's tokens                                core.advantages.broadcast_to_tokens
+  5. PPO clip update (+ optional KL to the initial policy)        base.policy_loss_fn
 
 `estimator` (algorithm.params.estimator) picks step 3's outcome-advantage estimator, each as verl names it:
   grpo       (r - mean_g) / (std_g + eps), std by std_ddof                         grpo_advantages
@@ -28,8 +29,9 @@ its source's default: on for pass_at_k (verl), off for gpg (verl, and the GPG pa
 for any other estimator is an error.
 
 ReMax samples, in each step, one extra rollout per prompt at temperature 0 (greedy decoding, n = 1, its own
-sampling stream 1), judges it with the same verifier, and uses its reward only as the baseline of that prompt's
-G rollouts: it is not in the learner's batch and not in the outcome metrics ("remax/greedy_accuracy" logs it).
+sampling stream 1; in step 1, as the groups' extras["greedy_baseline_b"]), judges it with the same verifier, and
+uses its reward only as the baseline of that prompt's G rollouts: it is not in the learner's batch and not in the
+outcome metrics ("remax/greedy_accuracy" logs it).
 GPG logs its "gpg/alpha". GPG's own loss is the plain policy gradient -A log pi; PPO's clipped ratio has the same
 value and gradient at the first update on fresh rollouts (learner.epochs 1, one mini-batch).
 """
@@ -83,13 +85,18 @@ class GRPOConfig:
 def outcome_rollouts(examples: Sequence[Any], context: base.RolloutContext, step: int, *, stream: int = 0,
                      gen_batch: int = 0):
     """Step 1 and the verifier's verdicts of the outcome recipes (GRPO, DAPO): (rollouts, correct_b bool [B]);
-    `stream` and `gen_batch` as `base.sample_groups`'."""
+    `stream` and `gen_batch` as `base.sample_groups`'. The verifier is these recipes' judge: timed as judging."""
     rollouts = base.sample_groups([context.task.prompt(e) for e in examples], context, step, stream=stream,
                                   gen_batch=gen_batch)
     with context.timer.phase("judging"):
-        correct_b = np.array([context.task.is_correct(text, examples[s.prompt_index])
-                              for s, text in zip(rollouts.samples, rollouts.texts)], bool)
+        correct_b = base.outcome_correctness(examples, rollouts, context.task)
     return rollouts, correct_b
+
+
+def outcome_groups(examples: list, context: base.RolloutContext, step: int, gen_batch: int) -> base.GroupBatch:
+    """`outcome_rollouts` of generation batch `gen_batch` as groups (the outcome recipes' `draw`)."""
+    rollouts, correct_b = outcome_rollouts(examples, context, step, gen_batch=gen_batch)
+    return base.GroupBatch(examples=examples, rollouts=rollouts, correct_b=correct_b)
 
 
 def greedy_rewards(examples: Sequence[Any], context: base.RolloutContext, step: int) -> np.ndarray:
@@ -103,54 +110,50 @@ def greedy_rewards(examples: Sequence[Any], context: base.RolloutContext, step: 
 
 
 @register("grpo")
-class GRPO(base.Algorithm):
+class GRPO(base.GroupRecipe):
     config_class = GRPOConfig
 
-    @property
-    def policy_loss(self) -> base.PolicyLossConfig:
-        return self.config.policy_loss
+    def draw(self, examples: list, context: base.RolloutContext, step: int, gen_batch: int) -> base.GroupBatch:
+        """Step 1 (`outcome_groups`); for ReMax also each row's greedy baseline, extras["greedy_baseline_b"]."""
+        groups = outcome_groups(examples, context, step, gen_batch)
+        if self.config.estimator != "remax":
+            return groups
+        greedy_p = greedy_rewards(examples, context, step)
+        return dataclasses.replace(groups, extras={"greedy_baseline_b": greedy_p[groups.rollouts.group_ids]})
 
-    def outcome_advantages(self, reward_b: np.ndarray, group_ids: np.ndarray, length_b: np.ndarray,
-                           baseline_b: Optional[np.ndarray]) -> np.ndarray:
-        """Step 3 by `estimator`: [B] advantages of the rewards [B]; length_b [B] response lengths (opo),
-        baseline_b [B] the greedy reward of each row's prompt (remax, else None)."""
+    def reward(self, groups: base.GroupBatch, context: base.RolloutContext) -> tuple[np.ndarray, np.ndarray]:
+        """Step 2: 1 for a right answer, 0 otherwise, [B] float32; every row valid."""
+        return groups.correct_b.astype(np.float32), np.ones(len(groups.correct_b), bool)
+
+    def advantage(self, reward_b: np.ndarray, group_ids: np.ndarray, valid_b: np.ndarray,
+                  groups: base.GroupBatch) -> np.ndarray:
+        """Step 3 by `estimator` over the valid rows, [B]: opo reads the response lengths, remax the greedy
+        baseline of each row's prompt (`draw`)."""
         c = self.config
-        r, ids = jnp.asarray(reward_b), jnp.asarray(group_ids)
+        r, ids, valid = jnp.asarray(reward_b), jnp.asarray(group_ids), jnp.asarray(valid_b)
         by_estimator = {
-            "grpo": lambda: advantages.grpo_advantages(r, ids, std_ddof=c.std_ddof, eps=c.eps),
-            "dr_grpo": lambda: advantages.dr_grpo_advantages(r, ids),
-            "rloo": lambda: advantages.rloo_advantages(r, ids),
-            "loo_std": lambda: advantages.loo_std_advantages(r, ids, std_ddof=c.std_ddof, eps=c.eps),
-            "pass_at_k": lambda: advantages.pass_at_k_advantages(r, ids),
-            "opo": lambda: advantages.opo_advantages(r, jnp.asarray(length_b), ids),
-            "remax": lambda: advantages.remax_advantages(r, jnp.asarray(baseline_b)),
-            "gpg": lambda: advantages.gpg_advantages(r, ids),
+            "grpo": lambda: advantages.grpo_advantages(r, ids, valid, std_ddof=c.std_ddof, eps=c.eps),
+            "dr_grpo": lambda: advantages.dr_grpo_advantages(r, ids, valid),
+            "rloo": lambda: advantages.rloo_advantages(r, ids, valid),
+            "loo_std": lambda: advantages.loo_std_advantages(r, ids, valid, std_ddof=c.std_ddof, eps=c.eps),
+            "pass_at_k": lambda: advantages.pass_at_k_advantages(r, ids, valid),
+            "opo": lambda: advantages.opo_advantages(
+                r, jnp.asarray(groups.rollouts.batch["response_mask_bt"].sum(axis=1)), ids, valid),
+            "remax": lambda: advantages.remax_advantages(r, jnp.asarray(groups.extras["greedy_baseline_b"]), valid),
+            "gpg": lambda: advantages.gpg_advantages(r, ids, valid),
         }
         advantage_b = by_estimator[c.estimator]()
         if c.std_scaled:
-            advantage_b = advantages.scale_by_group_std(advantage_b, r, ids, std_ddof=c.std_ddof, eps=c.eps)
+            advantage_b = advantages.scale_by_group_std(advantage_b, r, ids, valid, std_ddof=c.std_ddof, eps=c.eps)
         return np.asarray(advantage_b)
 
-    def experience(self, examples: Sequence[Any], context: base.RolloutContext, step: int) -> base.Experience:
-        rollouts, correct_b = outcome_rollouts(examples, context, step)
-        reward_b = correct_b.astype(np.float32)
-        group_ids = rollouts.group_ids
-        batch = dict(rollouts.batch)
-        metrics = {}
-        baseline_b = None
+    def metrics(self, groups: base.GroupBatch, reward_b: np.ndarray, advantage_b: np.ndarray, trained_b: np.ndarray,
+                context: base.RolloutContext) -> dict[str, float]:
+        """`base.GroupRecipe.metrics`, and ReMax's greedy accuracy or GPG's alpha under those estimators."""
+        metrics = super().metrics(groups, reward_b, advantage_b, trained_b, context)
         if self.config.estimator == "remax":
-            greedy_p = greedy_rewards(examples, context, step)
-            baseline_b = greedy_p[group_ids]
-            metrics["remax/greedy_accuracy"] = float(greedy_p.mean())
+            metrics["remax/greedy_accuracy"] = float(groups.extras["greedy_baseline_b"].mean())
         if self.config.estimator == "gpg":
-            metrics["gpg/alpha"] = float(advantages.gpg_alpha(jnp.asarray(reward_b), jnp.asarray(group_ids)))
-        length_b = batch["response_mask_bt"].sum(axis=1)
-        advantage_b = self.outcome_advantages(reward_b, group_ids, length_b, baseline_b)
-        batch["advantages_bt"] = np.asarray(
-            advantages.broadcast_to_tokens(jnp.asarray(advantage_b), jnp.asarray(batch["response_mask_bt"])))
-        metrics.update({
-            **base.summary_stats("reward", reward_b),
-            **base.summary_stats("advantage", advantage_b),
-            **base.rollout_metrics(rollouts, correct_b, context.task),
-        })
-        return base.Experience(batch=batch, prompt_width=rollouts.prompt_width, metrics=metrics)
+            metrics["gpg/alpha"] = float(advantages.gpg_alpha(
+                jnp.asarray(reward_b), jnp.asarray(groups.rollouts.group_ids), jnp.asarray(trained_b)))
+        return metrics

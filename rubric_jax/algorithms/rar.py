@@ -2,30 +2,30 @@
 the weighted fraction of its rubric that the judge finds satisfied, and GRPO turns the group's rewards into
 advantages. The scalar the step-wise methods (SRaR) and the grounded judge (rubric-grounded GRPO) refine.
 
-For each step (G = sampling.n responses per prompt):
-  1. sample G responses per prompt                               base.sample_groups
-  2. judge each against its example's rubric                     base.judge_rollouts
-  3. r_i = sum_k w_k s_ik / sum_k max(w_k, 0)                   core.rewards.positive_points_score
+For each step (G = sampling.n responses per prompt; the steps of `base.GroupRecipe`, each its method):
+  1. sample G responses per prompt, judge each against its        draw: base.sample_groups,
+     example's rubric                                             base.judge_groups
+  2. r_i = sum_k w_k s_ik / sum_k max(w_k, 0)                    reward: core.rewards.positive_points_score
      (`score: positive_points`, the default: HealthBench's score; with non-negative weights it is RaR's
      sum_k w_k s_ik / sum_k w_k, core.rewards.weighted_fraction, and a met penalty w_k < 0 subtracts)
      or `score: weighted_fraction` (a negative weight counts 0)     core.rewards.weighted_fraction
      (a typed rubric's PITFALL item: s = 1 when avoided)          core.rewards.typed_item_credit
      a rollout whose judgement failed: reward 0 (FailurePolicy ZERO_REWARD) or out of its group and the loss
      (EXCLUDE)
-  4. A_i = (r_i - mean_g r) / (std_g r + eps), sample std        core.advantages.grpo_advantages
-     broadcast to the response's tokens                          core.advantages.broadcast_to_tokens
+  3. A_i = (r_i - mean_g r) / (std_g r + eps), sample std        advantage: core.advantages.grpo_advantages
+  4. A_i on the response's tokens                                core.advantages.broadcast_to_tokens
   5. PPO clip update (+ optional KL to the initial policy)        base.policy_loss_fn
 """
 
 import dataclasses
-from typing import Any, Literal, Sequence
+from typing import Literal
 
 import jax.numpy as jnp
 import numpy as np
 
 from rubric_jax.algorithms import base
 from rubric_jax.algorithms.registry import register
-from rubric_jax.core import advantages, rewards
+from rubric_jax.core import rewards
 from rubric_jax.rubrics.parsing import FailurePolicy
 from rubric_jax.rubrics.schema import rubric_arrays
 
@@ -61,7 +61,7 @@ class RaRConfig:
 
 
 @register("rar")
-class RaR(base.Algorithm):
+class RaR(base.GroupRecipe):
     config_class = RaRConfig
 
     @property
@@ -71,33 +71,15 @@ class RaR(base.Algorithm):
         return ("weighted 0: a met penalty costs nothing (score: weighted_fraction; score: positive_points "
                 "counts them)")
 
-    @property
-    def policy_loss(self) -> base.PolicyLossConfig:
-        return self.config.policy_loss
-
-    def experience(self, examples: Sequence[Any], context: base.RolloutContext, step: int) -> base.Experience:
-        rollouts = base.sample_groups([context.task.prompt(e) for e in examples], context, step)
-        verdicts, rubrics = base.judge_rollouts(examples, rollouts, context, self.config.max_items)
-        items = rubric_arrays(rubrics, self.config.max_items)
+    def reward(self, groups: base.GroupBatch, context: base.RolloutContext) -> tuple[np.ndarray, np.ndarray]:
+        """Step 2: the rubric score of `config.score` of each response's typed item credit, [B] float32; every row
+        valid, or the judged ones under on_judge_failure "exclude"."""
+        items = rubric_arrays(groups.rubrics, self.config.max_items)
+        verdicts = groups.verdicts
         credit_bk = rewards.typed_item_credit(
             jnp.asarray(verdicts.satisfied_bk), jnp.asarray(items.item_kind_bk), jnp.asarray(verdicts.failed_b))
         score = rewards.positive_points_score if self.config.score == "positive_points" else rewards.weighted_fraction
         reward_b = np.asarray(score(credit_bk, jnp.asarray(items.item_weight_bk), jnp.asarray(items.item_mask_bk)))
-        valid_b = ~verdicts.failed_b if self.config.on_judge_failure == FailurePolicy.EXCLUDE.value else None
-        advantage_b = np.asarray(advantages.grpo_advantages(
-            jnp.asarray(reward_b), jnp.asarray(rollouts.group_ids), None if valid_b is None else jnp.asarray(valid_b),
-            std_ddof=self.config.std_ddof, eps=self.config.eps))
-        batch = dict(rollouts.batch)
-        if valid_b is not None:
-            batch["response_mask_bt"] = batch["response_mask_bt"] & valid_b[:, None]
-        batch["advantages_bt"] = np.asarray(
-            advantages.broadcast_to_tokens(jnp.asarray(advantage_b), jnp.asarray(batch["response_mask_bt"])))
-        correct_b = np.array([context.task.is_correct(text, examples[s.prompt_index])
-                              for s, text in zip(rollouts.samples, rollouts.texts)])
-        metrics = {
-            **base.summary_stats("reward", reward_b),
-            **base.summary_stats("advantage", advantage_b),
-            **base.rubric_metrics(verdicts, rubrics, context.task),
-            **base.rollout_metrics(rollouts, correct_b, context.task),
-        }
-        return base.Experience(batch=batch, prompt_width=rollouts.prompt_width, metrics=metrics)
+        if self.config.on_judge_failure == FailurePolicy.EXCLUDE.value:
+            return reward_b, ~verdicts.failed_b
+        return reward_b, np.ones(len(reward_b), bool)

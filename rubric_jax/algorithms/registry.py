@@ -32,16 +32,26 @@ _ALGORITHMS: dict[str, type[Algorithm]] = {}
 _EVAL_METRICS: dict[str, EvalMetricsFn] = {}
 
 
+def _same_definition(a: type, b: type) -> bool:
+    """Whether `a` and `b` are one class statement run twice: the same module and qualified name (a module
+    re-executed by `importlib.reload`, as a notebook does after editing its recipe)."""
+    return (a.__module__, a.__qualname__) == (b.__module__, b.__qualname__)
+
+
 def register(name: str, *, eval_metrics: Optional[EvalMetricsFn] = None):
-    """Class decorator registering an Algorithm subclass under `name` (ValueError if taken), with the recipe's
-    evaluation analysis `eval_metrics` if it has one (module docstring)."""
+    """Class decorator registering an Algorithm subclass under `name`, with the recipe's evaluation analysis
+    `eval_metrics` if it has one (module docstring). A name that is taken is a ValueError, unless the class
+    registered under it is this class's own earlier definition (`_same_definition`: its module reloaded): the
+    reloaded class and its `eval_metrics` then replace the registration."""
 
     def decorate(cls: type[Algorithm]) -> type[Algorithm]:
-        if name in _ALGORITHMS:
-            raise ValueError(f"an algorithm named {name!r} is already registered")
         if not (isinstance(cls, type) and issubclass(cls, Algorithm)):
             raise ValueError(f"algorithm {name!r} must be an Algorithm subclass, got {cls!r}")
+        if name in _ALGORITHMS and not _same_definition(_ALGORITHMS[name], cls):
+            raise ValueError(f"an algorithm named {name!r} is already registered "
+                             f"({_ALGORITHMS[name].__module__}.{_ALGORITHMS[name].__qualname__})")
         _ALGORITHMS[name] = cls
+        _EVAL_METRICS.pop(name, None)
         if eval_metrics is not None:
             _EVAL_METRICS[name] = eval_metrics
         return cls

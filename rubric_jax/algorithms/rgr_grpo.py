@@ -3,12 +3,13 @@ criteria, gated on the factual ones, and rubric-guided off-policy exploration: w
 group meets every criterion, the policy refines the group's best rollout on the criteria it failed, and the
 refinement joins the group as its off-policy rollout, trained with a shaped, unclipped objective.
 
-For each step (G = sampling.n rollouts per prompt; Algorithm 1 of Appendix B):
+For each step (G = sampling.n rollouts per prompt; Algorithm 1 of Appendix B; `rubric_reward`, `reward` and
+`advantage` are the recipe's methods a variant overrides):
   1. sample G responses per prompt: o_1..o_{G-1} on-policy, the G-th     base.sample_groups
      held in reserve
-  2. judge each against its rubric of factual and process criteria       base.judge_rollouts
-  3. r_i = 1 if every factual criterion is met, else                     core.rewards.rgr_factual_gated_reward
-     sum_k w_k s_k / sum_k w_k over all criteria (eqs 4-5)
+  2. judge each against its rubric of factual and process criteria       base.rollout_requests, judge_requests
+  3. r_i = 1 if every factual criterion is met, else                     rubric_reward:
+     sum_k w_k s_k / sum_k w_k over all criteria (eqs 4-5)               core.rewards.rgr_factual_gated_reward
   4. exploration assessment of o_1..o_{G-1}: o_best = argmax r (eq 7),   core.rubric_validity.rgr_exploration_assessment
      ties at r = 1 going to a rollout meeting every criterion;           (`assessment_key`)
      solved iff o_best meets every criterion, C_failed its unmet ones (eq 8)
@@ -16,9 +17,10 @@ For each step (G = sampling.n rollouts per prompt; Algorithm 1 of Appendix B):
      unsolved group: o_G ~ pi_old(. | q, o_best, C_failed) (eq 9), one     base.sample_groups(..., stream=1) of
      sample, judged and rewarded as in 2-3; it replaces the reserved      `refinement_prompt`
      sample and is trained as a response to the original prompt q
-  6. length penalty r_i - lambda (L_i - L*) (section 3)                  core.rewards.rgr_length_shaping
-  7. A_i = r_i - mean_g r: eq 1 without the std, which the paper drops   core.advantages.dr_grpo_advantages
-     (section 3, after Dr.GRPO); scale_by_std restores eq 1               (grpo_advantages, sample std)
+  6. length penalty r_i - lambda (L_i - L*) (section 3)                  reward: core.rewards.rgr_length_shaping
+  7. A_i = r_i - mean_g r: eq 1 without the std, which the paper drops   advantage:
+     (section 3, after Dr.GRPO); scale_by_std restores eq 1               core.advantages.dr_grpo_advantages
+                                                                         (grpo_advantages, sample std)
   8. mixed-policy loss (eq 10): on-policy tokens -r A, no clip; the      core.losses.rgr_mixed_policy_loss
      refinement's tokens -f(p) A, f(p) = p / (p + gamma) (eq 11), f(p)   core.losses.clip_off_policy_weight
      optionally clipped to [off_min_clip, off_max_clip] (LUFFY's clips,  (off by default)
@@ -57,6 +59,7 @@ moved the policy; the learner's old logprobs, recomputed under q, enter its loss
 """
 
 import dataclasses
+import types
 from typing import Any, Literal, Optional, Sequence
 
 import jax.numpy as jnp
@@ -168,11 +171,6 @@ def _rubric_items(rubrics: Sequence[Rubric], max_items: int, criteria: Criteria)
     return items.item_weight_bk, factual, counted
 
 
-def _gated_reward(satisfied_bk, weights_bk, factual_bk, counted_bk) -> np.ndarray:
-    return np.asarray(rewards.rgr_factual_gated_reward(
-        jnp.asarray(satisfied_bk), jnp.asarray(weights_bk), jnp.asarray(factual_bk), jnp.asarray(counted_bk)))
-
-
 def assessment_key(rubric_b: np.ndarray, satisfied_bk: np.ndarray, counted_bk: np.ndarray) -> np.ndarray:
     """The value o_best maximises (eq 7): the gated reward r (eq 5), plus 1 on a rollout that meets every counted
     criterion. Such a rollout has r = 1, the largest reward, so the key only breaks ties at r = 1, which the
@@ -189,10 +187,12 @@ def _failed_criteria(rubric: Rubric, failed_k: np.ndarray) -> list[Criterion]:
 
 @dataclasses.dataclass
 class _Rows:
-    """The step's G rows per prompt as the learner gets them: on-policy rollouts, with refined rows swapped in."""
+    """The step's G rows per prompt as the learner gets them: on-policy rollouts, with refined rows swapped in;
+    `requests` each row's judge request (a refined row's is its refinement's)."""
 
     samples: list
     texts: list
+    requests: list
     batch: dict
     satisfied_bk: np.ndarray
     item_step_bk: np.ndarray
@@ -207,6 +207,11 @@ class _Rows:
 @register("rgr_grpo")
 class RGRGRPO(base.Algorithm):
     config_class = RGRGRPOConfig
+    console_metrics = ("rgr/off_policy_fraction", "rgr/solved_group_fraction")
+    plot_panels = types.MappingProxyType({
+        "rgr/refinement": ("rgr/off_policy_fraction", "rgr/solved_group_fraction", "rgr/refined_better_fraction"),
+        "rgr/rubric_reward": ("rgr/rubric_reward/mean", "rgr/refined_rubric_reward/mean"),
+    })
 
     @property
     def negative_weights(self) -> str:
@@ -254,19 +259,49 @@ class RGRGRPO(base.Algorithm):
 
         return loss_fn
 
+    def rubric_reward(self, satisfied_bk: np.ndarray, items: tuple[np.ndarray, ...]) -> np.ndarray:
+        """Step 3: each rollout's rubric reward [B] float32 from its verdicts [B, K] and its rubric's (weights,
+        factual, counted) [B, K] (`_rubric_items`): eq 5's factual gate over eq 4's weighted fraction. Also what
+        the exploration assessment ranks (`assessment_key`)."""
+        return np.asarray(rewards.rgr_factual_gated_reward(*(jnp.asarray(a) for a in (satisfied_bk, *items))))
+
+    def reward(self, rubric_b: np.ndarray, lengths_b: np.ndarray, failed_b: np.ndarray
+               ) -> tuple[np.ndarray, np.ndarray]:
+        """Step 6 and the failure policy: (r [B] float32, the rubric rewards [B] with the length penalty over the
+        response lengths in tokens [B]; valid_b [B] bool, the rows in their groups' statistics and the loss: every
+        row, or the judged ones (not `failed_b`) under on_judge_failure "exclude")."""
+        config = self.config
+        reward_b = np.asarray(rewards.rgr_length_shaping(
+            jnp.asarray(rubric_b), jnp.asarray(lengths_b), target_length=config.target_length,
+            coef=config.length_coef))
+        if config.on_judge_failure == FailurePolicy.EXCLUDE.value:
+            return reward_b, ~failed_b
+        return reward_b, np.ones(len(reward_b), bool)
+
+    def advantage(self, reward_b: np.ndarray, group_ids: np.ndarray, valid_b: np.ndarray) -> np.ndarray:
+        """Step 7: [B] float32 advantages of the rewards [B] within the groups [B], over the valid rows [B] (0 on
+        the others): r - mean_g, or GRPO's (sample std) with scale_by_std."""
+        r, ids, valid = jnp.asarray(reward_b), jnp.asarray(group_ids), jnp.asarray(valid_b)
+        if self.config.scale_by_std:
+            return np.asarray(advantages.grpo_advantages(r, ids, valid, std_ddof=1, eps=self.config.eps))
+        return np.asarray(advantages.dr_grpo_advantages(r, ids, valid))
+
     def experience(self, examples: Sequence[Any], context: base.RolloutContext, step: int) -> base.Experience:
         config, group = self.config, context.sampling.n
         if group < 2:
             raise ValueError(f"RGR-GRPO needs sampling.n >= 2 (G - 1 on-policy rollouts and o_G), got {group}")
         # 1-3: G rollouts per prompt, judged and rewarded.
         rollouts = base.sample_groups([context.task.prompt(e) for e in examples], context, step)
-        verdicts, rubrics = base.judge_rollouts(examples, rollouts, context, config.max_items)
-        weights_bk, factual_bk, counted_bk = _rubric_items(rubrics, config.max_items, config.criteria)
-        rows = _Rows(samples=list(rollouts.samples), texts=list(rollouts.texts), batch=dict(rollouts.batch),
-                     satisfied_bk=np.array(verdicts.satisfied_bk), item_step_bk=np.array(verdicts.item_step_bk),
-                     failed_b=np.array(verdicts.failed_b), reasons=list(verdicts.reasons),
-                     off_policy_b=np.zeros(len(rollouts.samples), bool))
-        rubric_b = _gated_reward(rows.satisfied_bk, weights_bk, factual_bk, counted_bk)
+        requests = base.rollout_requests(examples, rollouts, context.task)
+        verdicts = base.judge_requests(requests, context, config.max_items)
+        rubrics = [r.rubric for r in requests]
+        items = _rubric_items(rubrics, config.max_items, config.criteria)
+        counted_bk = items[2]
+        rows = _Rows(samples=list(rollouts.samples), texts=list(rollouts.texts), requests=list(requests),
+                     batch=dict(rollouts.batch), satisfied_bk=np.array(verdicts.satisfied_bk),
+                     item_step_bk=np.array(verdicts.item_step_bk), failed_b=np.array(verdicts.failed_b),
+                     reasons=list(verdicts.reasons), off_policy_b=np.zeros(len(rollouts.samples), bool))
+        rubric_b = self.rubric_reward(rows.satisfied_bk, items)
         # 4: exploration assessment over the G - 1 on-policy rollouts that were judged.
         group_ids = rollouts.group_ids
         assessed_b = (np.arange(len(group_ids)) % group < group - 1) & ~rows.failed_b
@@ -287,28 +322,19 @@ class RGRGRPO(base.Algorithm):
                 for g in refined_groups]
             self._swap_in_refinements(rows, refine_prompts, [examples[g] for g in refined_groups],
                                       last_rows[refined_groups], rollouts.prompt_width, context, step)
-        rubric_b = _gated_reward(rows.satisfied_bk, weights_bk, factual_bk, counted_bk)
+        rubric_b = self.rubric_reward(rows.satisfied_bk, items)
         # 6-7: length penalty, group-relative advantages.
         lengths_b = np.array([len(s.output_ids) for s in rows.samples], np.float32)
-        reward_b = np.asarray(rewards.rgr_length_shaping(
-            jnp.asarray(rubric_b), jnp.asarray(lengths_b), target_length=config.target_length,
-            coef=config.length_coef))
-        valid_b = ~rows.failed_b if config.on_judge_failure == FailurePolicy.EXCLUDE.value else None
-        mask = None if valid_b is None else jnp.asarray(valid_b)
-        if config.scale_by_std:
-            advantage_b = advantages.grpo_advantages(jnp.asarray(reward_b), jnp.asarray(group_ids), mask, std_ddof=1,
-                                                     eps=config.eps)
-        else:
-            advantage_b = advantages.dr_grpo_advantages(jnp.asarray(reward_b), jnp.asarray(group_ids), mask)
-        advantage_b = np.asarray(advantage_b)
+        reward_b, valid_b = self.reward(rubric_b, lengths_b, rows.failed_b)
+        advantage_b = self.advantage(reward_b, group_ids, valid_b)
         batch = rows.batch
-        if valid_b is not None:
-            batch["response_mask_bt"] = batch["response_mask_bt"] & valid_b[:, None]
+        batch["response_mask_bt"] = batch["response_mask_bt"] & valid_b[:, None]
         batch["advantages_bt"] = np.asarray(
             advantages.broadcast_to_tokens(jnp.asarray(advantage_b), jnp.asarray(batch["response_mask_bt"])))
         batch["off_policy_b"] = rows.off_policy_b
 
-        correct_b = np.array([context.task.is_correct(text, examples[g]) for text, g in zip(rows.texts, group_ids)])
+        trained = base.Rollouts(rows.samples, rows.texts, batch, rollouts.prompt_width)
+        correct_b = base.outcome_correctness(examples, trained, context.task)
         best_rubric_g = np.where(best_g >= 0, rubric_b[np.maximum(best_g, 0)], 0)  # o_best's row is on-policy
         refined_rows = last_rows[refined_groups]
         metrics = {
@@ -316,8 +342,7 @@ class RGRGRPO(base.Algorithm):
             **base.summary_stats("rgr/rubric_reward", rubric_b),
             **base.summary_stats("advantage", advantage_b),
             **base.rubric_metrics(rows.verdicts(), rubrics, context.task),
-            **base.rollout_metrics(base.Rollouts(rows.samples, rows.texts, batch, rollouts.prompt_width), correct_b,
-                                   context.task),
+            **base.rollout_metrics(trained, correct_b, context.task),
             "rgr/solved_group_fraction": float(np.mean(solved_g)),
             "rgr/off_policy_fraction": float(np.mean(refine_g)),
         }
@@ -330,7 +355,8 @@ class RGRGRPO(base.Algorithm):
             if outcome:
                 metrics["rgr/refined_accuracy"] = float(np.mean(correct_b[refined_rows]))
             metrics.update(base.summary_stats("rgr/refined_rubric_reward", rubric_b[refined_rows]))
-        return base.Experience(batch=batch, prompt_width=rollouts.prompt_width, metrics=metrics)
+        values = base.recipe_values(rows.requests, reward_b, np.where(valid_b, advantage_b, 0.0), group_ids)
+        return base.Experience(batch=batch, prompt_width=rollouts.prompt_width, metrics=metrics, recipe_values=values)
 
     def _swap_in_refinements(self, rows: _Rows, refine_prompts, refined_examples, target_rows, prompt_width: int,
                              context: base.RolloutContext, step: int) -> None:
@@ -340,7 +366,8 @@ class RGRGRPO(base.Algorithm):
         single = dataclasses.replace(context, sampling=dataclasses.replace(context.sampling, n=1),
                                      max_prompt_tokens=self.config.refinement_max_prompt_tokens)
         refined = base.sample_groups(refine_prompts, single, step, stream=1)
-        verdicts, _ = base.judge_rollouts(refined_examples, refined, context, self.config.max_items)
+        requests = base.rollout_requests(refined_examples, refined, context.task)
+        verdicts = base.judge_requests(requests, context, self.config.max_items)
         batch, response_width = rows.batch, context.sampling.max_new_tokens
         prompt_ids = [batch["tokens_bt"][r, :prompt_width][batch["attention_mask_bt"][r, :prompt_width]]
                       for r in target_rows]
@@ -350,9 +377,11 @@ class RGRGRPO(base.Algorithm):
             batch[key][target_rows] = value
         batch["rollout_logp_bt"][target_rows] = np.pad(
             refined.batch["rollout_logp_bt"][:, refined.prompt_width:], ((0, 0), (prompt_width, 0)))
-        for sample, text, reason, r in zip(refined.samples, refined.texts, verdicts.reasons, target_rows):
+        for sample, text, request, reason, r in zip(refined.samples, refined.texts, requests, verdicts.reasons,
+                                                     target_rows):
             rows.samples[r] = dataclasses.replace(sample, prompt_index=rows.samples[r].prompt_index)
             rows.texts[r] = text
+            rows.requests[r] = request
             rows.reasons[r] = reason
         rows.satisfied_bk[target_rows] = verdicts.satisfied_bk
         rows.item_step_bk[target_rows] = verdicts.item_step_bk

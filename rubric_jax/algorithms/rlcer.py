@@ -3,7 +3,8 @@ roles, a reasoner that answers and a rubricator that writes rubrics for the reas
 the valid rubrics it meets, a rubric being valid when meeting it goes with right answers; the rubricator is
 rewarded by how many of its rubrics are valid, so the rubrics evolve with the reasoner.
 
-For each step (P questions, N = sampling.n reasoner rollouts each; section 4, Algorithm 1, Figure 4):
+For each step (P questions, N = sampling.n reasoner rollouts each; section 4, Algorithm 1, Figure 4;
+`reasoner_reward`, `rubricator_reward` and `advantage` are the recipe's methods a variant overrides):
   1. sample N reasoner rollouts (C_n, A_n) per question Q                 base.sample_groups (Task.prompt)
   2. z_n = I(A, A_n), the task's verifier                                  Task.is_correct
   3. one rubricator rollout R_m ~ pi(. | Q, C_m) for each of the first     rubricator_io: the paper's prompt
@@ -21,17 +22,20 @@ For each step (P questions, N = sampling.n reasoner rollouts each; section 4, Al
      question's rollouts (eq 7; Pearson; u_k = v_k for a reward rubric,    rlcer_sign_aware_validity
      1 - v_k for a penalty: penalty_validity below; a verdict whose
      call failed takes no part)
-  7. reasoner: r_n = r_outcome (+1 / -1, eq 8) + r_cot (eq 6: min-max      core.rewards.rlcer_outcome_reward,
+  7. reasoner: r_n = r_outcome (+1 / -1, eq 8) + r_cot (eq 6: min-max      reasoner_reward:
+                                                                           core.rewards.rlcer_outcome_reward,
      normalised points of the question's valid rubrics that C_n meets)     core.rubric_validity.rlcer_cot_reward
      optional: DAPO's overlong penalty (Appendix A's "overlong buffer")    core.rewards.dapo_overlong_shaping
-  8. rubricator: r_m = K_valid,m / K_m + format_m (eqs 10-12)              core.rubric_validity.rlcer_rubricator_reward
+  8. rubricator: r_m = K_valid,m / K_m + format_m (eqs 10-12)              rubricator_reward:
+                                                                           core.rubric_validity.rlcer_rubricator_reward
   9. advantages (section 4.5, Table 3), by `estimator`:
      "ppo_critic" (the paper's: PPO with a critic, critic lr 1e-5): each   core.value.last_token_rewards;
      row's reward on its last response token; the trainer's critic gives   training.rl (Algorithm.uses_critic,
      GAE advantages over both roles' rows (`critic` section of the run),   the run's critic section),
      whitened per role ("computed separately for each role", sections     core.advantages.
      4.1, 4.5; advantage_whitening)                                        whiten_tokens_by_group
-     "grpo" (ablation; the paper calls GRPO unsuitable, after eq 13):      core.roles (role_mask, select_by_role),
+     "grpo" (ablation; the paper calls GRPO unsuitable, after eq 13):      advantage: core.roles (role_mask,
+                                                                           select_by_role),
      role-specific advantages, GRPO over each question's N reasoner        core.advantages.grpo_advantages,
      rollouts; the rubricator's rollouts each read another CoT, so no      core.roles.role_batch_advantages
      GRPO group of one context exists: normalised over all rubricator
@@ -88,6 +92,7 @@ Conventions:
 import collections
 import dataclasses
 import functools
+import types
 from typing import Any, Callable, Literal, NamedTuple, Optional, Sequence
 
 import jax
@@ -203,12 +208,15 @@ class Judgements(NamedTuple):
     """Step 5's verdicts: v_pkn [P, K, N] (0 in empty slots and where the request failed), known_pkn (the verdict
     of slot k on rollout n came back from a request that did not fail), judged_pn [P, N] (some request about the
     rollout succeeded, or none was made: a question without rubrics asks nothing) and the verifier's Verdicts,
-    one row per request (None when no question has a rubric)."""
+    one row per request (None when no question has a rubric); `requests` the requests sent and `request_rows`
+    the reasoner row each is about (a rollout has one request per rubric list under "per_list")."""
 
     v_pkn: np.ndarray
     known_pkn: np.ndarray
     judged_pn: np.ndarray
     verdicts: Optional[Verdicts]
+    requests: tuple[JudgeRequest, ...] = ()
+    request_rows: tuple[int, ...] = ()
 
 
 def judge_rubrics(examples: Sequence[Any], reasoner: base.Rollouts, table: RubricTable,
@@ -231,18 +239,19 @@ def judge_rubrics(examples: Sequence[Any], reasoner: base.Rollouts, table: Rubri
                 requests.append(JudgeRequest(question=context.task.question(examples[q]), response=text,
                                              rubric=rubric, reference=context.task.reference(examples[q]),
                                              num_steps=len(split_steps(text))))
-                targets.append((q, b % num_rollouts, slots))
+                targets.append((q, b, slots))
     v_pkn = np.zeros((num_questions, num_slots, num_rollouts), np.float32)
     asked_pkn, known_pkn = np.zeros(v_pkn.shape, bool), np.zeros(v_pkn.shape, bool)
     if not requests:
         return Judgements(v_pkn, known_pkn, np.ones((num_questions, num_rollouts), bool), None)
-    with context.timer.phase("judging"):
-        verdicts = context.judge.judge(requests, max(len(slots) for _, _, slots in targets))
-    for i, (q, n, slots) in enumerate(targets):
+    verdicts = base.judge_requests(requests, context, max(len(slots) for _, _, slots in targets))
+    for i, (q, b, slots) in enumerate(targets):
+        n = b % num_rollouts
         v_pkn[q, slots, n] = verdicts.satisfied_bk[i, :len(slots)]
         asked_pkn[q, slots, n] = True
         known_pkn[q, slots, n] = not verdicts.failed_b[i]
-    return Judgements(v_pkn, known_pkn, ~asked_pkn.any(axis=1) | known_pkn.any(axis=1), verdicts)
+    return Judgements(v_pkn, known_pkn, ~asked_pkn.any(axis=1) | known_pkn.any(axis=1), verdicts, tuple(requests),
+                      tuple(b for _, b, _ in targets))
 
 
 class QuestionScores(NamedTuple):
@@ -376,6 +385,12 @@ def _trained_batch(rollouts: base.Rollouts, row_b: np.ndarray, trained_b: np.nda
 @register("rlcer")
 class RLCER(base.Algorithm):
     config_class = RLCERConfig
+    console_metrics = ("rlcer/valid_fraction", "rlcer/corr_mean", "rubricator/reward/mean")
+    plot_panels = types.MappingProxyType({
+        "rlcer/rubric_validity": ("rlcer/valid_fraction", "rlcer/no_valid_rubric_fraction",
+                                  "rlcer/rubricator_format_rate"),
+        "rlcer/rewards": ("reward/mean", "rlcer/cot_reward_mean", "rubricator/reward/mean"),
+    })
 
     @property
     def policy_loss(self) -> base.PolicyLossConfig:
@@ -400,6 +415,36 @@ class RLCER(base.Algorithm):
         rubricator_prompt, _ = rubricator_io(task, self.config)
         return {"reasoner": task.prompt(example), "rubricator": rubricator_prompt(example, placeholder)}
 
+    def reasoner_reward(self, correct_b: np.ndarray, cot_b: np.ndarray, lengths_b: np.ndarray,
+                        context: base.RolloutContext, step: int) -> np.ndarray:
+        """Step 7: the reasoner's reward [P * N] float32 from its outcomes z [P * N] bool, its CoT rewards r_cot
+        [P * N] (eq 6 over the valid rubrics) and its response lengths in tokens [P * N] (DAPO's overlong penalty
+        with overlong_buffer), under reasoner_reward (`reasoner_rewards`); RQ1's random control draws from the
+        run's seed and `step`."""
+        config = self.config
+        reward_b = reasoner_rewards(correct_b, cot_b, config.reasoner_reward,
+                                    np.random.default_rng([context.seed, step, RANDOM_REWARD_STREAM]))
+        if config.overlong_buffer:
+            reward_b = np.asarray(rewards.dapo_overlong_shaping(
+                jnp.asarray(reward_b), jnp.asarray(lengths_b), max_length=context.sampling.max_new_tokens,
+                buffer_length=config.overlong_buffer))
+        return reward_b
+
+    def rubricator_reward(self, valid_mk: np.ndarray, mask_mk: np.ndarray, format_m: np.ndarray) -> np.ndarray:
+        """Step 8: each rubricator output's reward [M] float32 from its rubrics' validity and existence [M, K] and
+        its format [M] bool, under rubricator_training (`rubricator_rewards`)."""
+        return rubricator_rewards(valid_mk, mask_mk, format_m, self.config.rubricator_training)
+
+    def advantage(self, reward_b: np.ndarray, role_ids: np.ndarray, group_ids: np.ndarray,
+                  valid_b: np.ndarray) -> np.ndarray:
+        """Step 9 under estimator "grpo": [B] advantages of both roles' rows (rewards [B], role ids [B], group ids
+        [B]: a reasoner row's question), each role by its estimator over its valid rows (`role_advantages`), 0 on
+        the others. Unused with the critic, whose advantages the trainer computes."""
+        config = self.config
+        return role_advantages(reward_b, role_ids, group_ids, valid_b,
+                               (config.reasoner_advantage, config.rubricator_advantage), std_ddof=config.std_ddof,
+                               eps=config.eps)
+
     def experience(self, examples: Sequence[Any], context: base.RolloutContext, step: int) -> base.Experience:
         config, task = self.config, context.task
         num_questions, num_rollouts = len(examples), context.sampling.n
@@ -413,8 +458,7 @@ class RLCER(base.Algorithm):
         # 1-2: the reasoner's rollouts and their outcomes.
         reasoner = base.sample_groups([task.prompt(e) for e in examples], context, step)
         with context.timer.phase("judging"):
-            correct_b = np.array([task.is_correct(text, examples[s.prompt_index])
-                                  for s, text in zip(reasoner.samples, reasoner.texts)], bool)
+            correct_b = base.outcome_correctness(examples, reasoner, task)
         # 3-4: one rubricator rollout on each of the first M CoTs of every question, parsed.
         read = [b for b in range(len(reasoner.samples)) if b % num_rollouts < per_question]
         sampling = dataclasses.replace(context.sampling, n=1, max_new_tokens=(
@@ -432,18 +476,14 @@ class RLCER(base.Algorithm):
                                  jnp.asarray(judgements.known_pkn), jnp.asarray(table.mask_pk),
                                  jnp.asarray(table.points_pk), alpha=config.alpha,
                                  flaw_absent=config.penalty_validity == "flaw_absent")
-        cot_b = np.asarray(scores.cot_pn).reshape(-1)
-        reasoner_reward_b = reasoner_rewards(correct_b, cot_b, config.reasoner_reward,
-                                             np.random.default_rng([context.seed, step, RANDOM_REWARD_STREAM]))
-        if config.overlong_buffer:
-            reasoner_reward_b = np.asarray(rewards.dapo_overlong_shaping(
-                jnp.asarray(reasoner_reward_b), jnp.asarray([len(s.output_ids) for s in reasoner.samples]),
-                max_length=context.sampling.max_new_tokens, buffer_length=config.overlong_buffer))
+        lengths_b = np.array([len(s.output_ids) for s in reasoner.samples], np.int32)
+        reasoner_reward_b = self.reasoner_reward(correct_b, np.asarray(scores.cot_pn).reshape(-1), lengths_b,
+                                                 context, step)
         # 8: the rubricator's reward.
         format_m = np.array([p.ok for p in table.parses], bool)
-        rubricator_reward_m = rubricator_rewards(np.asarray(scores.valid_pk).reshape(len(read), config.max_items),
-                                                 table.mask_pk.reshape(len(read), config.max_items), format_m,
-                                                 config.rubricator_training)
+        rubricator_reward_m = self.rubricator_reward(
+            np.asarray(scores.valid_pk).reshape(len(read), config.max_items),
+            table.mask_pk.reshape(len(read), config.max_items), format_m)
         # 9: the critic's rewards, or role-specific advantages over both roles' rows.
         reasoner_trained_b = np.ones(len(correct_b), bool)
         if config.on_judge_failure == FailurePolicy.EXCLUDE.value:
@@ -452,12 +492,11 @@ class RLCER(base.Algorithm):
         if self.uses_critic:
             reasoner_row_b, rubricator_row_m, metrics = reasoner_reward_b, rubricator_reward_m, {}
         else:
-            advantage_b = role_advantages(
+            advantage_b = self.advantage(
                 np.concatenate([reasoner_reward_b, rubricator_reward_m]),
                 np.repeat([REASONER, RUBRICATOR], [len(correct_b), len(read)]),
                 np.concatenate([reasoner.group_ids, np.asarray(read) // num_rollouts]),
-                np.concatenate([reasoner_trained_b, rubricator_trained_m]),
-                (config.reasoner_advantage, config.rubricator_advantage), std_ddof=config.std_ddof, eps=config.eps)
+                np.concatenate([reasoner_trained_b, rubricator_trained_m]))
             reasoner_row_b, rubricator_row_m = advantage_b[:len(correct_b)], advantage_b[len(correct_b):]
             metrics = {**base.summary_stats("advantage", reasoner_row_b, reasoner_trained_b),
                        **base.summary_stats("rubricator/advantage", rubricator_row_m, rubricator_trained_m)}
@@ -481,4 +520,8 @@ class RLCER(base.Algorithm):
             "rubricator/truncated_fraction": float(np.mean([s.finish_reason == "length"
                                                             for s in rubricator.samples])),
         }
-        return base.Experience(batch=batch, prompt_width=prompt_width, metrics=metrics)
+        # The reasoner's values for its verifier calls (the critic's advantages come later, from the trainer).
+        trained_advantage_b = None if self.uses_critic else np.where(reasoner_trained_b, reasoner_row_b, 0.0)
+        values = base.recipe_values(judgements.requests, reasoner_reward_b, trained_advantage_b, reasoner.group_ids,
+                                    judgements.request_rows)
+        return base.Experience(batch=batch, prompt_width=prompt_width, metrics=metrics, recipe_values=values)

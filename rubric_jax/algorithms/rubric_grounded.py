@@ -3,29 +3,30 @@ criteria while seeing a grounding passage g that the policy never sees (the task
 passage; for the arithmetic task the gold solution), and GRPO with a leave-one-out baseline turns the rubric
 reward into advantages.
 
-For each step (G = sampling.n responses per prompt; section 3, Algorithm 1):
-  1. sample G responses to x alone, no grounding in the prompt   base.sample_groups (Task.prompt)
-  2. the judge scores each against (g, x, rubric): s_ik in [0,1] base.judge_rollouts (Task.reference -> judge)
+For each step (G = sampling.n responses per prompt; section 3, Algorithm 1; the steps of `base.GroupRecipe`,
+each its method):
+  1. sample G responses to x alone, no grounding in the prompt   draw: base.sample_groups (Task.prompt)
+     the judge scores each against (g, x, rubric): s_ik in [0,1] base.judge_groups (Task.reference -> judge)
      the awarded fraction of criterion k's weight
-  3. r_i = clip(sum_k w_k s_ik / sum_k w_k, 0, 1) (eqs 1-2)      core.rewards.weighted_fraction, clip_rewards
-     a judge parse failure: every s_ik = 0, so r_i = 0          (section 5.4, FailurePolicy ZERO_REWARD;
-     (counted in judge/failed/<reason>)                           or out of its group and the loss: EXCLUDE)
-  4. optional truncation penalty (Appendix C): a response that   core.rewards.truncation_scaling (scale)
-     did not end on its stop token has r_i times a factor, or    core.rewards.truncation_mask (mask)
-     leaves its group and the loss
-  5. A_i = (r_i - b_i) / (s_i + eps), b_i and s_i the mean and   core.advantages.loo_std_advantages
-     sample std of the other G - 1 rewards (eqs 4-6)
+  2. r_i = clip(sum_k w_k s_ik / sum_k w_k, 0, 1) (eqs 1-2)      reward: core.rewards.weighted_fraction,
+     a judge parse failure: every s_ik = 0, so r_i = 0          clip_rewards (section 5.4, FailurePolicy
+     (counted in judge/failed/<reason>)                           ZERO_REWARD; or out of its group and the
+     optional truncation penalty (Appendix C): a response that   loss: EXCLUDE)
+     did not end on its stop token has r_i times a factor, or    core.rewards.truncation_scaling (scale)
+     leaves its group and the loss                               core.rewards.truncation_mask (mask)
+  3. A_i = (r_i - b_i) / (s_i + eps), b_i and s_i the mean and   advantage: core.advantages.loo_std_advantages
+     sample std of the other G - 1 rewards (eqs 4-6)             (`grounded_advantages`)
      readings of eq 5's "group standard deviation" s_i:
      std_over "others" (the other G - 1 rewards; std_ddof 1
      sample, NeMo-RL's, or 0 population) or "group" (all G          scale_by_group_std of
      rewards of the prompt)                                          rloo_advantages
      ablations: the group-mean baseline (GRPO), no std scaling   grpo_ / rloo_ / dr_grpo_advantages
-  6. optional dynamic sampling (Appendix C): a group whose       core.rubric_validity.dapo_group_filter,
-     rewards tie takes no part in the loss; "resample" (the       base.dynamic_groups
+     optional dynamic sampling (Appendix C): a group whose       informative: core.rubric_validity.
+     rewards tie takes no part in the loss; "resample" (the       dapo_group_filter, base.dynamic_groups
      appendix's: further generation batches until the step
      holds prompts_per_step groups whose rewards differ) or
      "mask" (its rows are masked)
-  7. A_i on every response token; PPO clip (eq 7) + beta k3 KL   core.advantages.broadcast_to_tokens,
+  4. A_i on every response token; PPO clip (eq 7) + beta k3 KL   core.advantages.broadcast_to_tokens,
      to the initial policy (eq 8), token mean (eq 9); GSPO,       base.policy_loss_fn
      dual clip, TIS / ICEPOP are PolicyLossConfig options
 
@@ -37,7 +38,8 @@ The paper's numeric hyperparameters did not survive in its text; the defaults he
 """
 
 import dataclasses
-from typing import Any, Literal, Optional, Sequence
+import types
+from typing import Literal, Optional
 
 import jax.numpy as jnp
 import numpy as np
@@ -45,7 +47,7 @@ import numpy as np
 from rubric_jax.algorithms import base
 from rubric_jax.algorithms.dapo import kept_group_fraction
 from rubric_jax.algorithms.registry import register
-from rubric_jax.core import advantages, rewards, rubric_validity
+from rubric_jax.core import advantages, rewards
 from rubric_jax.rubrics.parsing import FailurePolicy
 from rubric_jax.rubrics.schema import rubric_arrays
 
@@ -112,34 +114,29 @@ def grounded_advantages(reward_b: np.ndarray, group_ids: np.ndarray, valid_b: np
 
 
 @register("rubric_grounded")
-class RubricGrounded(base.Algorithm):
+class RubricGrounded(base.GroupRecipe):
     config_class = RubricGroundedConfig
+    console_metrics = ("grounded/zero_reward_fraction", "grounded/kept_group_fraction")
+    plot_panels = types.MappingProxyType({
+        "grounded/rewards": ("grounded/zero_reward_fraction", "grounded/empty_rubric_fraction"),
+        "grounded/sampling": ("grounded/kept_group_fraction",),
+    })
 
     @property
     def negative_weights(self) -> str:
         return ("weighted 0: the paper's weighted fraction (eqs 1-2; its rubrics have non-negative weights) lets a "
                 "met penalty cost nothing")
 
-    @property
-    def policy_loss(self) -> base.PolicyLossConfig:
-        return self.config.policy_loss
-
-    def _groups(self, examples: list, context: base.RolloutContext, step: int, gen_batch: int) -> base.GroupBatch:
-        """Steps 1 and 2 of generation batch `gen_batch` (`base.dynamic_groups`' `draw`), and the verifier's
-        correctness (metrics only)."""
+    def draw(self, examples: list, context: base.RolloutContext, step: int, gen_batch: int) -> base.GroupBatch:
+        """Step 1 (`base.GroupRecipe.draw`), refused for a question without a grounding passage."""
         for example in examples:
             if context.task.reference(example) is None:
                 raise ValueError(f"rubric_grounded needs a grounding passage: the task's reference of the question "
                                  f"{context.task.question(example)!r} is None")
-        rollouts = base.sample_groups([context.task.prompt(e) for e in examples], context, step, gen_batch=gen_batch)
-        verdicts, rubrics = base.judge_rollouts(examples, rollouts, context, self.config.max_items)
-        correct_b = np.array([context.task.is_correct(text, examples[s.prompt_index])
-                              for s, text in zip(rollouts.samples, rollouts.texts)], bool)
-        return base.GroupBatch(examples=examples, rollouts=rollouts, correct_b=correct_b, verdicts=verdicts,
-                               rubrics=rubrics)
+        return super().draw(examples, context, step, gen_batch)
 
-    def rollout_rewards(self, groups: base.GroupBatch) -> tuple[np.ndarray, np.ndarray]:
-        """Steps 3 and 4: (r [B] float32, valid_b [B] bool, the rows in their groups' statistics)."""
+    def reward(self, groups: base.GroupBatch, context: base.RolloutContext) -> tuple[np.ndarray, np.ndarray]:
+        """Step 2: (r [B] float32, valid_b [B] bool, the rows in their groups' statistics)."""
         config = self.config
         items = rubric_arrays(groups.rubrics, config.max_items)
         # A failed judgement has every verdict 0 (judges.base), so its reward is 0: the paper's conservative zero.
@@ -157,33 +154,18 @@ class RubricGrounded(base.Algorithm):
             valid_b = np.asarray(rewards.truncation_mask(jnp.asarray(stopped_b), jnp.asarray(valid_b)))
         return reward_b, valid_b
 
-    def informative(self, groups: base.GroupBatch) -> np.ndarray:
-        """Step 6's filter: [B] bool, the valid rows of the groups whose rewards differ."""
-        reward_b, valid_b = self.rollout_rewards(groups)
-        return np.asarray(rubric_validity.dapo_group_filter(
-            jnp.asarray(reward_b), jnp.asarray(groups.rollouts.group_ids), jnp.asarray(valid_b)))
+    def advantage(self, reward_b: np.ndarray, group_ids: np.ndarray, valid_b: np.ndarray,
+                  groups: base.GroupBatch) -> np.ndarray:
+        """Step 3: the estimator the config names (`grounded_advantages`)."""
+        return grounded_advantages(reward_b, group_ids, valid_b, self.config)
 
-    def experience(self, examples: Sequence[Any], context: base.RolloutContext, step: int) -> base.Experience:
-        groups, keep_b, sampling_metrics = base.dynamic_groups(
-            examples, context, self.config, lambda batch, gen_batch: self._groups(batch, context, step, gen_batch),
-            self.informative)
-        rollouts, verdicts, rubrics = groups.rollouts, groups.verdicts, groups.rubrics
-        reward_b, valid_b = self.rollout_rewards(groups)
-        group_ids = rollouts.group_ids
-        advantage_b = grounded_advantages(reward_b, group_ids, valid_b, self.config)
-        trained_b = valid_b & keep_b
-        batch = dict(rollouts.batch)
-        batch["response_mask_bt"] = batch["response_mask_bt"] & trained_b[:, None]
-        batch["advantages_bt"] = np.asarray(
-            advantages.broadcast_to_tokens(jnp.asarray(advantage_b), jnp.asarray(batch["response_mask_bt"])))
-        metrics = {
-            **base.summary_stats("reward", reward_b),
-            **base.summary_stats("advantage", advantage_b, trained_b),
-            **base.rubric_metrics(verdicts, rubrics, context.task),
-            **base.rollout_metrics(rollouts, groups.correct_b, context.task),
+    def metrics(self, groups: base.GroupBatch, reward_b: np.ndarray, advantage_b: np.ndarray, trained_b: np.ndarray,
+                context: base.RolloutContext) -> dict[str, float]:
+        """`base.GroupRecipe.metrics` and "grounded/*": the zero-reward and empty-rubric fractions of the rows,
+        the fraction of the groups that train."""
+        return {
+            **super().metrics(groups, reward_b, advantage_b, trained_b, context),
             "grounded/zero_reward_fraction": float(np.mean(reward_b == 0)),
-            "grounded/empty_rubric_fraction": float(np.mean([not r.criteria for r in rubrics])),
-            "grounded/kept_group_fraction": kept_group_fraction(trained_b, group_ids),
-            **sampling_metrics,
+            "grounded/empty_rubric_fraction": float(np.mean([not r.criteria for r in groups.rubrics])),
+            "grounded/kept_group_fraction": kept_group_fraction(trained_b, groups.rollouts.group_ids),
         }
-        return base.Experience(batch=batch, prompt_width=rollouts.prompt_width, metrics=metrics)

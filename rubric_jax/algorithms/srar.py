@@ -3,17 +3,19 @@ r"""SRaR, "Step-wise Rubric Rewards for LLM Reasoning" (srar.txt): a judge attri
 normalised across the rollouts of its prompt and placed on that step's tokens only, on top of the outcome-only
 GRPO advantage, which the rubric never enters (the decoupled advantage, eq 6).
 
-Algorithm 1, for each training step (G = sampling.n responses per prompt):
+Algorithm 1, for each training step (G = sampling.n responses per prompt; `reward` and `advantage` are the
+recipe's methods a variant overrides):
   3.     sample G responses to the step-format prompt             base.sample_groups
          (the task's prompt, or Appendix 7.3's format prompt)     rubrics.prompts.step_format_prompt
-  6.     r_base = (1 - lambda) r_acc + lambda r_fmt               core.rewards.srar_base_reward
+  6.     r_base = (1 - lambda) r_acc + lambda r_fmt               reward: core.rewards.srar_base_reward
          r_acc by `accuracy`: "task" task.is_correct (math-verify for the math presets), or "boxed_string"
          the authors' string-normalised last box = the gold answer  boxed_string_correct
          r_fmt = a step header and a box                          has_step_format
   7.     each token's step from the tokenizer's offset mapping     rubrics.steps.response_step_ids
          and each response's step count from its headers          rubrics.steps.step_spans
-  8.     step-attributed judging of the typed rubric              base.judge_rollouts
-  9.     d[k, i] = sum of the budgeted deltas of step k's items   core.srar.srar_item_deltas, srar_step_rewards
+  8.     step-attributed judging of the typed rubric              base.judge_groups
+  9.     d[k, i] = sum of the budgeted deltas of step k's items   advantage: core.srar.srar_item_deltas,
+                                                                  srar_step_rewards
          (eq 3: +R_SUG / N_SUG, -|R_PIT| / N_PIT, +R_BON / N_BON per satisfied item; ANSWER items carry none)
   11-13. d_bar[k, i] = (d[k, i] - mean_Gk) / (std_Gk + eps)       core.srar.srar_step_normalize
          over G_k (any k the judge wrote, as the authors' code), by `step_groups`: "authors" the group's
@@ -61,6 +63,7 @@ Reasoning Rate and the Misaligned Trajectory Rate (Table 2).
 import dataclasses
 import math
 import re
+import types
 from typing import Any, Literal, Optional, Sequence
 
 import jax.numpy as jnp
@@ -298,6 +301,15 @@ def rar_advantages(
                       np.float32)
 
 
+def response_token_mean(values_bt: np.ndarray, response_mask_bt: np.ndarray) -> np.ndarray:
+    """[B] float64: each row's mean over its response tokens (0 for a row without any): a token-level advantage
+    as one number per rollout (the rollout log's "advantage"). In float64, so a row whose tokens share one float32
+    value gets exactly that value."""
+    mask_bt = np.asarray(response_mask_bt, bool)
+    total = np.where(mask_bt, np.asarray(values_bt, np.float64), 0).sum(axis=1)
+    return total / np.maximum(mask_bt.sum(axis=1), 1)
+
+
 # ---------------------------------------------------------------- analysis metrics (training and eval)
 
 
@@ -435,6 +447,12 @@ def analysis_metrics(
 @register("srar", eval_metrics=analysis_metrics)
 class SRaR(base.Algorithm):
     config_class = SRaRConfig
+    console_metrics = ("srar/format_rate", "srar/steps_mean", "srar/rubric_offset/mean")
+    plot_panels = types.MappingProxyType({
+        "srar/steps": ("srar/format_rate", "srar/steps_mean", "srar/looping_rate"),
+        "srar/rubric_offset": ("srar/rubric_offset/mean", "srar/rubric_offset/std"),
+        "srar/item_scores": ("srar/score/suggest", "srar/score/pitfall", "srar/score/bonus"),
+    })
 
     @property
     def negative_weights(self) -> str:
@@ -477,6 +495,32 @@ class SRaR(base.Algorithm):
         gold = task.gold_answer(example)
         return gold is not None and boxed_string_correct(text, gold)
 
+    def reward(self, groups: base.GroupBatch, context: base.RolloutContext) -> tuple[np.ndarray, np.ndarray]:
+        """Line 6 and the failure policy, for judged `groups`: (r_base [B] float32, valid_b [B] bool: the rows in
+        the group and step statistics and the loss, the judged ones under on_judge_failure "exclude")."""
+        format_b = np.array([has_step_format(t) for t in groups.rollouts.texts], bool)
+        base_b = np.asarray(rewards.srar_base_reward(
+            jnp.asarray(groups.correct_b), jnp.asarray(format_b), format_weight=self.config.format_weight))
+        if self.config.on_judge_failure == FailurePolicy.EXCLUDE.value:
+            return base_b, ~groups.verdicts.failed_b
+        return base_b, np.ones(len(base_b), bool)
+
+    def advantage(self, reward_b: np.ndarray, group_ids: np.ndarray, valid_b: np.ndarray, groups: base.GroupBatch,
+                  step_ids_bt: np.ndarray, num_steps_b: np.ndarray) -> tuple[np.ndarray, Optional[np.ndarray]]:
+        """Lines 9-17 by `config.advantage`, from r_base [B], the group ids [B], the valid rows [B], the judged
+        `groups` (verdicts with their steps, rubrics) and the steps of the response tokens (`rollout_steps`):
+        (A [B, T] float32 on the response tokens of the valid rows, 0 elsewhere; the decoupled advantage's rubric
+        offset r_tilde [B, T], None for the merged and RaR advantages)."""
+        config = self.config
+        items = rubric_arrays(groups.rubrics, config.max_items)
+        mask_bt = groups.rollouts.batch["response_mask_bt"] & valid_b[:, None]
+        if config.advantage == "rar":
+            return rar_advantages(config, reward_b, group_ids, groups.verdicts, items, mask_bt, valid_b), None
+        inputs = (config, reward_b, group_ids, groups.verdicts, items, num_steps_b, step_ids_bt, mask_bt, valid_b)
+        if config.advantage == "merged":
+            return merged_advantages(*inputs), None
+        return decoupled_advantages(*inputs)
+
     def experience(self, examples: Sequence[Any], context: base.RolloutContext, step: int) -> base.Experience:
         config = self.config
         context = self._context(context)
@@ -484,42 +528,33 @@ class SRaR(base.Algorithm):
         groups, keep_b, sampling_metrics = base.dynamic_groups(
             examples, context, config, lambda batch, gen_batch: self._groups(batch, context, step, gen_batch),
             mixed_accuracy)
+        groups = base.judge_groups(groups, context, config.max_items)  # line 8, the groups that train only
         rollouts, owners, correct_b = groups.rollouts, groups.owners, groups.correct_b
-        format_b = np.array([has_step_format(t) for t in rollouts.texts], bool)
-        base_b = np.asarray(rewards.srar_base_reward(
-            jnp.asarray(correct_b), jnp.asarray(format_b), format_weight=config.format_weight))
+        group_ids = rollouts.group_ids
         step_ids_bt, num_steps_b = rollout_steps(rollouts, context.tokenizer)
-        verdicts, rubrics = base.judge_rollouts(groups.examples, rollouts, context, config.max_items)
-        items = rubric_arrays(rubrics, config.max_items)
-
-        exclude = config.on_judge_failure == FailurePolicy.EXCLUDE.value
-        valid_b = ~verdicts.failed_b if exclude else np.ones(len(owners), bool)
+        base_b, valid_b = self.reward(groups, context)
         metrics = dict(sampling_metrics)
         if config.dynamic_sampling != "off":  # per group, so the kept groups' statistics are unchanged
             valid_b = valid_b & keep_b
-            metrics["srar/kept_group_fraction"] = kept_group_fraction(keep_b, rollouts.group_ids)
+            metrics["srar/kept_group_fraction"] = kept_group_fraction(keep_b, group_ids)
+        advantages_bt, offsets_bt = self.advantage(base_b, group_ids, valid_b, groups, step_ids_bt, num_steps_b)
         batch = dict(rollouts.batch)
         batch["response_mask_bt"] = batch["response_mask_bt"] & valid_b[:, None]
-        inputs = (config, base_b, rollouts.group_ids, verdicts, items, num_steps_b, step_ids_bt,
-                  batch["response_mask_bt"], valid_b)
-        if config.advantage == "merged":
-            batch["advantages_bt"] = merged_advantages(*inputs)
-        elif config.advantage == "rar":
-            batch["advantages_bt"] = rar_advantages(
-                config, base_b, rollouts.group_ids, verdicts, items, batch["response_mask_bt"], valid_b)
-        else:
-            batch["advantages_bt"], offsets_bt = decoupled_advantages(*inputs)
+        batch["advantages_bt"] = advantages_bt
+        if offsets_bt is not None:
             metrics.update(base.summary_stats("srar/rubric_offset", offsets_bt, batch["response_mask_bt"]))
 
-        steps_b = [len(split_steps(t)) for t in rollouts.texts]
+        verdicts, rubrics = groups.verdicts, groups.rubrics
         metrics.update({
             **base.summary_stats("reward", base_b),
-            **base.summary_stats("advantage", batch["advantages_bt"], batch["response_mask_bt"]),
-            "srar/format_rate": float(np.mean(format_b)),
-            "srar/steps_mean": float(np.mean(steps_b)),
+            **base.summary_stats("advantage", advantages_bt, batch["response_mask_bt"]),
+            "srar/format_rate": float(np.mean([has_step_format(t) for t in rollouts.texts])),
+            "srar/steps_mean": float(np.mean([len(split_steps(t)) for t in rollouts.texts])),
             **{f"srar/{k}": v for k, v in analysis_metrics(
                 task, owners, rollouts.texts, correct_b, verdicts, rubrics, config.budgets).items()},
             **base.rubric_metrics(verdicts, rubrics, task),
             **base.rollout_metrics(rollouts, correct_b, task),
         })
-        return base.Experience(batch=batch, prompt_width=rollouts.prompt_width, metrics=metrics)
+        row_advantage_b = response_token_mean(advantages_bt, batch["response_mask_bt"])
+        values = base.recipe_values(groups.requests, base_b, row_advantage_b, group_ids)
+        return base.Experience(batch=batch, prompt_width=rollouts.prompt_width, metrics=metrics, recipe_values=values)

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 from rubric_jax.core.segments import (
     as_stats_dtype,
     dense_segment_ids,
+    group_stats,
     leave_one_out_stats,
     rows_mask,
     segment_count,
@@ -34,12 +35,6 @@ def scale_by_std(centred: jax.Array, std: jax.Array, eps: float) -> jax.Array:
     """centred / (std + eps) where std > 0, else 0: a zero std means the values tie, so `centred` is exactly 0
     there and the result is defined for any eps >= 0, including eps = 0."""
     return jnp.where(std > 0, centred / (std + eps), 0)
-
-
-def _group_stats(rewards: jax.Array, group_ids: jax.Array, valid: jax.Array, std_ddof: int):
-    chex.assert_equal_shape([rewards, group_ids])
-    ids = dense_segment_ids(group_ids)
-    return segment_stats(rewards, ids, valid, num_segments=rewards.shape[0], ddof=std_ddof)
 
 
 def grpo_advantages(
@@ -55,7 +50,7 @@ def grpo_advantages(
     Returns [B]; 0 for masked rows, single-sample groups and zero-variance groups.
     """
     valid = rows_mask(mask, rewards.shape[0])
-    stats = _group_stats(rewards, group_ids, valid, std_ddof)
+    stats = group_stats(rewards, group_ids, valid, std_ddof=std_ddof)
     return jnp.where(valid, scale_by_std(stats.deviation, stats.std, eps), 0)
 
 
@@ -65,7 +60,7 @@ def dr_grpo_advantages(rewards: jax.Array, group_ids: jax.Array, mask: Optional[
     Returns [B]; 0 for masked rows and single-sample groups.
     """
     valid = rows_mask(mask, rewards.shape[0])
-    stats = _group_stats(rewards, group_ids, valid, std_ddof=0)
+    stats = group_stats(rewards, group_ids, valid, std_ddof=0)
     return jnp.where(valid, stats.deviation, 0)
 
 
@@ -82,7 +77,7 @@ def batch_std_advantages(
     std_batch is the std of all valid rewards of the batch. Returns [B]; 0 for masked rows.
     """
     valid = rows_mask(mask, rewards.shape[0])
-    group = _group_stats(rewards, group_ids, valid, std_ddof=0)
+    group = group_stats(rewards, group_ids, valid, std_ddof=0)
     batch = segment_stats(rewards, jnp.zeros(rewards.shape, jnp.int32), valid, num_segments=1, ddof=std_ddof)
     return jnp.where(valid, scale_by_std(group.deviation, batch.std, eps), 0)
 
@@ -137,7 +132,7 @@ def scale_by_group_std(
     verl (torch.std) and the GPG authors' code; the GPG authors add eps = 1e-4, verl 1e-6.
     """
     valid = rows_mask(mask, rewards.shape[0])
-    stats = _group_stats(rewards, group_ids, valid, std_ddof)
+    stats = group_stats(rewards, group_ids, valid, std_ddof=std_ddof)
     return jnp.where(valid, scale_by_std(as_stats_dtype(advantages_b), stats.std, eps), 0)
 
 
@@ -234,7 +229,7 @@ def gpg_alpha(rewards: jax.Array, group_ids: jax.Array, mask: Optional[jax.Array
     follow the paper. No informative row: alpha = 1 (every advantage is 0 then anyway).
     """
     valid = rows_mask(mask, rewards.shape[0])
-    stats = _group_stats(rewards, group_ids, valid, std_ddof=0)
+    stats = group_stats(rewards, group_ids, valid, std_ddof=0)
     informative = jnp.sum(valid & (stats.std > 0))
     return jnp.where(informative > 0, jnp.sum(valid) / jnp.maximum(informative, 1), 1).astype(stats.std.dtype)
 

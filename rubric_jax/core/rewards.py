@@ -15,7 +15,7 @@ zero attainable range), stated in its docstring. Shaping functions map rewards [
 """
 
 import dataclasses
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import chex
 import jax
@@ -42,14 +42,25 @@ class TypedBudgets:
     bonus: float = 1.0
 
 
-def _rubric_arrays(satisfied_bk, values_bk, item_mask_bk):
-    """Verdicts as floats, and the per-item values ([K] or [B, K]) and item mask broadcast to [B, K]."""
+class RubricItems(NamedTuple):
+    """A batch's rubric items as one [B, K] layout: `satisfied` the verdicts as floats (`stats_dtype`), `values`
+    each item's weight or points in the same dtype, `exists` the items that exist (bool)."""
+
+    satisfied: jax.Array
+    values: jax.Array
+    exists: jax.Array
+
+
+def broadcast_rubric_items(satisfied_bk: jax.Array, values_bk: jax.Array, item_mask_bk: jax.Array) -> RubricItems:
+    """The verdicts [B, K] (bool or float) as floats, and the per-item values (weights or points) and item mask,
+    each [K] (one rubric shared by every rollout) or [B, K], broadcast to the verdicts' [B, K]: the common layout
+    every rubric aggregation here starts from (module docstring), and a new one's starting point."""
     chex.assert_rank(satisfied_bk, 2)
     chex.assert_rank([values_bk, item_mask_bk], [{1, 2}, {1, 2}])
     satisfied = as_stats_dtype(satisfied_bk)
     values = jnp.broadcast_to(as_stats_dtype(values_bk), satisfied.shape).astype(satisfied.dtype)
     exists = jnp.broadcast_to(jnp.asarray(item_mask_bk).astype(bool), satisfied.shape)
-    return satisfied, values, exists
+    return RubricItems(satisfied, values, exists)
 
 
 def _ratio_or_zero(numerator: jax.Array, denominator: jax.Array) -> jax.Array:
@@ -69,7 +80,7 @@ def weighted_fraction(satisfied_bk: jax.Array, weights_bk: jax.Array, item_mask_
     in [0, 1]. Partial credit s in [0, 1] gives the rubric-grounded "awarded weight" a_k = w_k s_k.
     Degenerate: no existing item, or total weight 0 -> 0.
     """
-    satisfied, weights, exists = _rubric_arrays(satisfied_bk, weights_bk, item_mask_bk)
+    satisfied, weights, exists = broadcast_rubric_items(satisfied_bk, weights_bk, item_mask_bk)
     weights = jnp.where(exists, jnp.maximum(weights, 0), 0)
     return _ratio_or_zero(jnp.sum(weights * satisfied, axis=1), jnp.sum(weights, axis=1))
 
@@ -95,7 +106,7 @@ def positive_points_score(satisfied_bk: jax.Array, points_bk: jax.Array, item_ma
     it is not clipped here (use `clip_rewards`). Degenerate: no positive points (no existing item, or only
     penalty items) -> 0: the normalisation is undefined and 0 is the score of a rubric that rewards nothing.
     """
-    satisfied, points, exists = _rubric_arrays(satisfied_bk, points_bk, item_mask_bk)
+    satisfied, points, exists = broadcast_rubric_items(satisfied_bk, points_bk, item_mask_bk)
     points = jnp.where(exists, points, 0)
     return _ratio_or_zero(jnp.sum(points * satisfied, axis=1), jnp.sum(jnp.maximum(points, 0), axis=1))
 
@@ -109,7 +120,7 @@ def min_max_score(satisfied_bk: jax.Array, points_bk: jax.Array, item_mask_bk: j
     equals (x - min) / (max - min) and keeps every term in [0, |p_k|], so the result is in [0, 1] for verdicts in
     [0, 1] without rounding past either end. Degenerate: max == min (no existing item, or all points 0) -> 0.
     """
-    satisfied, points, exists = _rubric_arrays(satisfied_bk, points_bk, item_mask_bk)
+    satisfied, points, exists = broadcast_rubric_items(satisfied_bk, points_bk, item_mask_bk)
     points = jnp.where(exists, points, 0)
     credit = jnp.where(points > 0, satisfied * points, (1 - satisfied) * -points)
     return _ratio_or_zero(jnp.sum(credit, axis=1), jnp.sum(jnp.abs(points), axis=1))
@@ -128,7 +139,7 @@ def rgr_factual_gated_reward(
     process criteria; the gate exists to accept correct answers reached by another path, which needs a factual
     check to pass. Empty rubric -> 0.
     """
-    satisfied, _, exists = _rubric_arrays(satisfied_bk, weights_bk, item_mask_bk)
+    satisfied, _, exists = broadcast_rubric_items(satisfied_bk, weights_bk, item_mask_bk)
     factual = jnp.broadcast_to(jnp.asarray(factual_bk).astype(bool), satisfied.shape) & exists
     all_factual_met = jnp.all(~factual | (satisfied >= 1), axis=1) & jnp.any(factual, axis=1)
     return jnp.where(all_factual_met, 1, weighted_fraction(satisfied, weights_bk, item_mask_bk))

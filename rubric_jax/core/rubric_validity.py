@@ -24,7 +24,8 @@ import jax
 import jax.numpy as jnp
 
 from rubric_jax.core.rewards import min_max_score, positive_points_score, rlcer_outcome_reward
-from rubric_jax.core.segments import as_stats_dtype, dense_segment_ids, leave_one_out_stats, rows_mask, segment_stats
+from rubric_jax.core.segments import (as_stats_dtype, dense_segment_ids, group_stats, leave_one_out_stats, rows_mask,
+                                      segment_stats)
 
 
 def _row_deviations(x_rn: jax.Array, mask_n: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -372,7 +373,7 @@ def dapo_group_filter(
     chex.assert_rank(values_b, 1)
     valid = rows_mask(mask, values_b.shape[0])
     chex.assert_equal_shape([values_b, group_ids])
-    stats = segment_stats(values_b, dense_segment_ids(group_ids), valid, num_segments=values_b.shape[0], ddof=0)
+    stats = group_stats(values_b, group_ids, valid, std_ddof=0)
     return valid & (stats.std > min_std)
 
 

@@ -131,6 +131,28 @@ def segment_stats(
     )
 
 
+def group_stats(
+    values: jax.Array, group_ids: jax.Array, valid: Optional[jax.Array] = None, *, std_ddof: int
+) -> SegmentStats:
+    """The statistics of each row's group over the group's valid rows, broadcast back to the rows: what every
+    group-relative estimator (GRPO's mean and std, Dr.GRPO's deviation, a per-criterion normalisation) builds on.
+
+    Fields, each [N]: `count`, the group's valid rows (int32); `mean`, their mean; `std`, their std with
+    `std_ddof` (0 population, 1 sample; 0 when count <= std_ddof); `deviation`, the row's value minus the mean,
+    exact for ties (`segment_stats`: a group of equal values has deviation and std exactly 0). An invalid row gets
+    its group's statistics and its own deviation (callers zero it where it matters). A group with no valid row
+    has count 0, mean 0 and std 0.
+
+    Args:
+      values: [N] floats. group_ids: [N] ints, any values (only equality matters, `dense_segment_ids`).
+      valid: [N] bools, the rows that count (None: all). std_ddof: 0 or 1, keyword-only so that every caller
+        says which std it means.
+    """
+    chex.assert_equal_shape([values, group_ids])
+    valid = rows_mask(valid, values.shape[0])
+    return segment_stats(values, dense_segment_ids(group_ids), valid, num_segments=values.shape[0], ddof=std_ddof)
+
+
 class _Moments(NamedTuple):
     """Count, mean and sum of squared deviations (Welford's M2) of a set of values."""
 

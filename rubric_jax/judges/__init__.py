@@ -53,6 +53,7 @@ from rubric_jax.judges.records import (
     RecordingJudge,
     read_judged_rollouts,
     verdict_rows,
+    with_recipe_values,
     write_judged_rollouts,
 )
 
@@ -90,5 +91,6 @@ __all__ = [
     "srar_format",
     "step_at",
     "verdict_rows",
+    "with_recipe_values",
     "write_judged_rollouts",
 ]

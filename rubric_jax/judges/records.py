@@ -6,10 +6,15 @@ One JSON object a line (`judged_rollout_to_json`):
     {"id": "step-3/7", "step": 3, "question": ..., "response": ...,
      "rubric": Rubric.to_dict(), "reference": str | null, "num_steps": int | null,
      "conversation": [{"role", "content"}, ...] | null,
+     "recipe": {"reward": float, "advantage": float, "group": int, ...} | null,
      "verdict": {"satisfied": [float in [0, 1], one per criterion], "item_step": [int, ...] | null,
                  "reason": "" | a failure code, "detail": "" | the failure's free text,
                  "answer": "" | the failed call's raw answer (`judges.base.kept_answer`: cut, and marked so)}}
 
+`recipe` holds what the training recipe made of the rollout (`JudgedRollout.values`: its reward, the advantage it
+trained with, its group within the step; `with_recipe_values`), null for a request that is no rollout of the
+recipe's (a verifier's call, a rollout left out of the batch) and outside training; optional on reading (files
+written before it read as null), a NaN written as null reads back as NaN.
 `verdict` is optional (an item written by hand to be judged has none); a failed verdict has `reason` set and no
 scores (`satisfied` empty, `item_step` null). `answer` is optional on reading ("" when absent: files written
 before it was kept). `step` is the training step whose experience the rollout is (1-based,
@@ -21,6 +26,7 @@ field would bias the result.
 
 import dataclasses
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional, Sequence
@@ -30,19 +36,23 @@ from rubric_jax.inference.http import ClientStats
 from rubric_jax.judges.base import Judge, JudgeRequest, RolloutVerdict, Verdicts
 from rubric_jax.rubrics.schema import Rubric
 
-_KEYS = ("id", "step", "question", "response", "rubric", "reference", "num_steps", "conversation", "verdict")
+_KEYS = ("id", "step", "question", "response", "rubric", "reference", "num_steps", "conversation", "recipe",
+         "verdict")
 _VERDICT_KEYS = ("satisfied", "item_step", "reason", "detail", "answer")
 
 
 @dataclasses.dataclass(frozen=True)
 class JudgedRollout:
     """A rollout, the request its judge was sent, and the verdict (None: not judged yet). `id` names it among
-    the records read together; `step` is the training step whose experience it is (None outside training)."""
+    the records read together; `step` is the training step whose experience it is (None outside training);
+    `values` what the recipe made of it, {"reward": ..., "advantage": ..., "group": ...} (module docstring,
+    `with_recipe_values`), None when it has none."""
 
     id: str
     request: JudgeRequest
     verdict: Optional[RolloutVerdict] = None
     step: Optional[int] = None
+    values: Optional[dict[str, float]] = None
 
     def __post_init__(self):
         if not isinstance(self.id, str) or not self.id:
@@ -53,6 +63,9 @@ class JudgedRollout:
             raise ValueError(f"verdict must be None or a RolloutVerdict, got {type(self.verdict).__name__}")
         if self.step is not None and not _is_int(self.step):
             raise ValueError(f"step must be an int or null, got {self.step!r}")
+        if self.values is not None and not (isinstance(self.values, Mapping) and all(
+                isinstance(k, str) and _is_number(v) for k, v in self.values.items())):
+            raise ValueError(f"values must be null or an object of numbers, got {self.values!r}")
         if self.verdict is not None and not self.verdict.failed \
                 and len(self.verdict.satisfied) != len(self.request.rubric.criteria):
             raise ValueError(f"{self.id}: the verdict scores {len(self.verdict.satisfied)} criteria, the rubric has "
@@ -61,6 +74,25 @@ class JudgedRollout:
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+RecipeValues = Sequence[tuple[JudgeRequest, Mapping[str, float]]]
+"""What a recipe made of the rollouts it had judged (`algorithms.base.Experience.recipe_values`): (the request
+object it sent its judge, that rollout's values) pairs, a request matched by identity (`is`), never by equality:
+two rollouts may send equal requests."""
+
+
+def with_recipe_values(records: Iterable[JudgedRollout], recipe_values: RecipeValues) -> list[JudgedRollout]:
+    """`records` (a `RecordingJudge.take`, whose requests are the objects the recipe sent) with each record's
+    `values` set from the pair of `recipe_values` whose request is its request (`is`); a record without one (a
+    verifier's call, a rollout the batch does not train) keeps its values."""
+    by_request = {id(request): values for request, values in recipe_values}
+    return [dataclasses.replace(record, values=dict(by_request[id(record.request)]))
+            if id(record.request) in by_request else record for record in records]
 
 
 def verdict_rows(verdicts: Verdicts, requests: Sequence[JudgeRequest]) -> list[RolloutVerdict]:
@@ -88,6 +120,7 @@ def judged_rollout_to_json(record: JudgedRollout) -> dict[str, Any]:
         "reference": request.reference,
         "num_steps": request.num_steps,
         "conversation": None if request.conversation is None else [dict(m) for m in request.conversation],
+        "recipe": None if record.values is None else dict(record.values),
         "verdict": None if verdict is None else {
             "satisfied": list(verdict.satisfied),
             "item_step": None if verdict.item_step is None else list(verdict.item_step),
@@ -119,6 +152,14 @@ def _verdict_from_json(data: Any) -> Optional[RolloutVerdict]:
         raise ValueError(f"verdict: {error}") from None
 
 
+def _values_from_json(data: Any) -> Optional[dict[str, float]]:
+    if data is None:
+        return None
+    if not isinstance(data, Mapping) or not all(value is None or _is_number(value) for value in data.values()):
+        raise ValueError(f"recipe must be an object of numbers (null for NaN) or null, got {data!r}")
+    return {key: math.nan if value is None else value for key, value in data.items()}
+
+
 def judged_rollout_from_json(data: Any) -> JudgedRollout:
     """The inverse of judged_rollout_to_json (module docstring); ValueError naming the field."""
     if not isinstance(data, Mapping):
@@ -137,7 +178,7 @@ def judged_rollout_from_json(data: Any) -> JudgedRollout:
                            num_steps=data.get("num_steps"),
                            conversation=None if conversation is None else tuple(conversation))
     return JudgedRollout(id=data["id"], request=request, verdict=_verdict_from_json(data.get("verdict")),
-                         step=data.get("step"))
+                         step=data.get("step"), values=_values_from_json(data.get("recipe")))
 
 
 def jsonl_files(path: str | os.PathLike) -> list[Path]:

@@ -37,6 +37,20 @@ def test_weighted_fraction_rubric_grounded_eq2_and_rgr_eq4_hand_computed():
     np.testing.assert_allclose(weighted_fraction(satisfied, weights, mask), [3.5 / 6, 1.0], rtol=1e-6)
 
 
+def test_broadcast_rubric_items_shares_a_k_rubric_across_the_batch_and_keeps_a_b_k_one():
+    satisfied = np.array([[True, False, True], [False, False, True]])
+    items = rewards.broadcast_rubric_items(satisfied, np.array([2, -1, 3]), np.array([1, 1, 0]))
+    assert items.satisfied.dtype == jnp.float32 and items.values.dtype == jnp.float32 and items.exists.dtype == bool
+    np.testing.assert_array_equal(items.satisfied, satisfied.astype(np.float32))
+    np.testing.assert_array_equal(items.values, [[2, -1, 3], [2, -1, 3]])
+    np.testing.assert_array_equal(items.exists, [[True, True, False], [True, True, False]])
+    per_row = rewards.broadcast_rubric_items(np.ones((2, 3), np.float64), np.arange(6.0).reshape(2, 3),
+                                             np.eye(2, 3, dtype=bool))
+    assert per_row.values.dtype == per_row.satisfied.dtype  # the verdicts' float type, here float64 or float32
+    np.testing.assert_array_equal(per_row.values, np.arange(6.0).reshape(2, 3))
+    np.testing.assert_array_equal(per_row.exists, np.eye(2, 3, dtype=bool))
+
+
 def test_typed_item_credit_credits_avoided_pitfalls_and_nothing_on_failure():
     satisfied = np.array([[1, 0, 1, 0], [1, 1, 0, 0], [0.25, 0.25, 1, 1]], np.float32)
     kinds = np.array([[rewards.SUGGEST, rewards.PITFALL, rewards.PITFALL, rewards.ANSWER],

@@ -109,3 +109,31 @@ def test_empty_segments_and_fully_masked_batches_are_defined():
     np.testing.assert_array_equal(others.count, 0)
     np.testing.assert_array_equal(others.std, 0)
     assert np.all(np.isfinite(stats.mean)) and np.all(np.isfinite(others.mean))
+
+
+def test_group_stats_by_hand():
+    # groups 7 (rows 0, 2, 4; row 4 masked) and -1 (rows 1, 3): sample std of {1, 3} and of {10, 10}
+    values = jnp.array([1.0, 10.0, 3.0, 10.0, 100.0])
+    stats = segments.group_stats(values, jnp.array([7, -1, 7, -1, 7]), jnp.array([1, 1, 1, 1, 0], bool), std_ddof=1)
+    np.testing.assert_array_equal(stats.count, [2, 2, 2, 2, 2])
+    np.testing.assert_allclose(stats.mean, [2.0, 10.0, 2.0, 10.0, 2.0])
+    np.testing.assert_allclose(stats.std, [np.sqrt(2.0), 0.0, np.sqrt(2.0), 0.0, np.sqrt(2.0)], rtol=1e-6)
+    np.testing.assert_allclose(stats.deviation, [-1.0, 0.0, 1.0, 0.0, 98.0])
+    # no mask: every row counts; population std
+    whole = segments.group_stats(values, jnp.array([0, 1, 0, 1, 0]), std_ddof=0)
+    np.testing.assert_allclose(whole.mean[0], 104 / 3, rtol=1e-6)
+    np.testing.assert_allclose(whole.std[0], np.std([1.0, 3.0, 100.0]), rtol=1e-6)
+
+
+@given(st.lists(st.tuples(st.sampled_from([0.0, 0.25, 1.0, -3.5]), st.integers(-2, 2), st.booleans()),
+                min_size=1, max_size=12), st.sampled_from([0, 1]))
+def test_group_stats_is_segment_stats_over_dense_group_ids(rows, ddof):
+    values, ids, valid = (np.array(column) for column in zip(*rows))
+    got = segments.group_stats(values.astype(np.float32), ids.astype(np.int32), valid, std_ddof=ddof)
+    dense = segments.dense_segment_ids(jnp.asarray(ids, jnp.int32))
+    want = segments.segment_stats(values.astype(np.float32), dense, valid, num_segments=len(rows), ddof=ddof)
+    for field, got_field, want_field in zip(want._fields, got, want):
+        np.testing.assert_array_equal(got_field, want_field, err_msg=field)
+    count, mean, std = loop_stats(values, ids, valid, ddof, leave_out=False)
+    np.testing.assert_array_equal(got.count, count)
+    np.testing.assert_allclose(got.std, std, rtol=1e-5, atol=1e-6)

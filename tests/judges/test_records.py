@@ -4,14 +4,17 @@ in name order; writes are atomic; `RecordingJudge` passes verdicts through uncha
 recording."""
 
 import asyncio
+import dataclasses
 import json
+import math
 import re
 
 import pytest
 
 from rubric_jax.judges.base import Judge, JudgeRequest, RolloutVerdict, Verdicts, kept_answer
 from rubric_jax.judges.records import (FirstJudged, JudgedRollout, RecordingJudge, judged_rollout_from_json,
-                                       judged_rollout_to_json, read_judged_rollouts, write_judged_rollouts)
+                                       judged_rollout_to_json, read_judged_rollouts, with_recipe_values,
+                                       write_judged_rollouts)
 from rubric_jax.rubrics.schema import Criterion, ItemKind, Rubric
 
 RUBRIC = Rubric(criteria=(
@@ -103,6 +106,50 @@ def test_a_file_written_before_answers_were_kept_still_reads(tmp_path):
     (record,) = read_judged_rollouts(path)
     assert record.verdict == RolloutVerdict.failure(RECORDS[1].verdict.reason, RECORDS[1].verdict.detail)
     assert record.verdict.answer == ""
+
+
+def test_recipe_values_round_trip_with_and_without_values(tmp_path):
+    valued = [dataclasses.replace(RECORDS[0], values={"reward": 0.75, "advantage": -1.25, "group": 3}),
+              dataclasses.replace(RECORDS[2], values={"reward": math.nan, "advantage": 0.0, "group": 0}), RECORDS[3]]
+    path = tmp_path / "records.jsonl"
+    write_judged_rollouts(path, valued)
+    lines = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+    assert lines[0]["recipe"] == {"reward": 0.75, "advantage": -1.25, "group": 3}
+    assert lines[1]["recipe"]["reward"] is None  # strict JSON: NaN as null, read back as NaN
+    assert lines[2]["recipe"] is None
+    read = read_judged_rollouts(path)
+    assert read[0] == valued[0] and read[2] == valued[2] and type(read[0].values["group"]) is int
+    assert math.isnan(read[1].values["reward"]) and read[1].values["advantage"] == 0.0
+
+
+def test_a_file_written_before_recipe_values_still_reads(tmp_path):
+    line = judged_rollout_to_json(RECORDS[0])
+    del line["recipe"]
+    path = tmp_path / "old.jsonl"
+    path.write_text(json.dumps(line) + "\n")
+    assert read_judged_rollouts(path) == [RECORDS[0]] and RECORDS[0].values is None
+
+
+@pytest.mark.parametrize("recipe", [[0.5], {"reward": "high"}, {"reward": True}, "0.5"])
+def test_bad_recipe_values_are_an_error(recipe):
+    with pytest.raises(ValueError, match="recipe must be an object of numbers"):
+        judged_rollout_from_json(changed(recipe=recipe))
+    with pytest.raises(ValueError, match="values must be null or an object of numbers"):
+        dataclasses.replace(RECORDS[0], values=recipe)
+
+
+def test_with_recipe_values_matches_requests_by_identity_not_equality():
+    first, twin, verifier_call = request("5"), request("5"), request("5", SHORT_RUBRIC)
+    assert first == twin and first is not twin  # two rollouts of one group may send equal requests
+    records = [JudgedRollout(id=f"step-1/{n}", step=1, request=r) for n, r in enumerate([first, twin, verifier_call])]
+    values = [(twin, {"reward": 1.0, "advantage": 0.5, "group": 1}),
+              (first, {"reward": 0.0, "advantage": -0.5, "group": 1}),
+              (request("unrecorded"), {"reward": 2.0, "advantage": 0.0, "group": 2})]
+    attached = with_recipe_values(records, values)
+    assert [r.values for r in attached] == [{"reward": 0.0, "advantage": -0.5, "group": 1},
+                                            {"reward": 1.0, "advantage": 0.5, "group": 1}, None]
+    assert [dataclasses.replace(r, values=None) for r in attached] == records  # nothing else changes
+    assert with_recipe_values(records, ()) == records
 
 
 def test_bad_json_and_a_repeated_id_name_their_file_and_line(tmp_path):
