@@ -6,7 +6,7 @@ import dataclasses
 from typing import Optional
 
 from rubric_jax.algorithms.base import Experience, RolloutContext
-from rubric_jax.judges.records import JudgedRollout, RecordingJudge
+from rubric_jax.judges.records import JudgedRollout, RecordingJudge, with_recipe_values
 from rubric_jax.training.metrics import PhaseTimer
 
 
@@ -16,7 +16,8 @@ class SampledExperience:
     adds to the step's metrics line (the recipe's metrics, the prompt metrics, "time/generation" and
     "time/judging", "rollout/weight_step": the updates of the weights it was sampled from, "rollout/policy_lag":
     the step's updates before it minus those, the judge's and the meta-verifier's calls of the step as
-    `call_metrics`), and its judged rollouts to log (None when the step logs none)."""
+    `call_metrics`), and its judged rollouts to log (None when the step logs none), each with the recipe's
+    reward, advantage and group of the rollout it judged (`JudgedRollout.values`, from `Experience.recipe_values`)."""
 
     experience: Experience
     metrics: dict[str, float]
@@ -46,7 +47,8 @@ def sample_experience(algorithm, examples: list, context: RolloutContext, record
                **times, "rollout/weight_step": float(weight_step), "rollout/policy_lag": float(step - weight_step)}
     for name, before in calls_before.items():
         metrics.update(call_metrics(name, before, callers[name].call_counts()))
-    records = recorder.take(step + 1) if keeps else None
+    # Attached now, while the recorded requests are the live objects the recipe sent (matched by identity).
+    records = with_recipe_values(recorder.take(step + 1), experience.recipe_values) if keeps else None
     return SampledExperience(experience, metrics, records, logs_rollouts)
 
 

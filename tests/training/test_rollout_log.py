@@ -53,6 +53,16 @@ def test_every_second_step_saves_the_rollouts_its_rewards_came_from(tmp_path):
         assert line["reward/mean"] == pytest.approx(np.mean(satisfied @ weights / weights.sum()))
         for k, name in enumerate(CHECKS):
             assert line[f"rubric/{name}"] == pytest.approx(satisfied[:, k].mean())
+        # And each rollout carries what the recipe made of it: its reward (the weighted fraction), its group (one
+        # per prompt) and the GRPO advantage it was trained with (sample std, RaR's default).
+        reward = satisfied @ weights / weights.sum()
+        assert [r.values["reward"] for r in records] == pytest.approx(reward)
+        groups = np.array([r.values["group"] for r in records])
+        assert [len(set(groups[i:i + 4])) for i in (0, 4)] == [1, 1] and groups[0] != groups[4]
+        for rows in (slice(0, 4), slice(4, 8)):
+            spread = reward[rows].std(ddof=1)
+            expected = (reward[rows] - reward[rows].mean()) / (spread + 1e-6) if spread > 0 else 0 * reward[rows]
+            assert [r.values["advantage"] for r in records[rows]] == pytest.approx(expected, abs=1e-5)
 
 
 class Killed(Exception):
