@@ -25,9 +25,10 @@ state, a checkpoint restored, the engines, the recipe's context), for each step 
      2, with its verdict; not the evaluation's) in rollouts/step_<n>.jsonl (`judges.records`, `RolloutLogConfig`);
      every step its first `rollout_log.samples_per_step` judged rollouts (both `run_files.write_step_rollouts`),
      and every evaluation its first `eval.log_samples`, as samples to read (samples.jsonl and TensorBoard text,
-     phase "train" or "eval"); metrics (`_Run.step_metrics`: metrics.jsonl, TensorBoard, console) and, every
-     `checkpoint.every_steps` and at the end, an orbax checkpoint of params, optimizer state, reference, data
-     position, algorithm state and the step's metrics
+     phase "train" or "eval"); metrics (`_Run.step_metrics`: metrics.jsonl, TensorBoard, and the console with the
+     recipe's `console_metrics` after the default keys) and, every `checkpoint.every_steps` and at the end, an
+     orbax checkpoint of params, optimizer state, reference, data position, algorithm state and the step's
+     metrics. At the end, the plots of RL_PLOTS and the recipe's `plot_panels`.
 
 Resume: with `checkpoint.resume` a run continues from its output directory's latest committed checkpoint. All
 randomness is a function of (seed, step): sampling seeds (`algorithms.base.sample_groups`; a re-sampled generation
@@ -80,7 +81,7 @@ from rubric_jax.training.experience import SampledExperience, request_metrics, s
 from rubric_jax.training.failure_budget import JudgeFailureBudget
 from rubric_jax.training.launch import check_frozen_engine, check_llm_roles, check_rubric_width, prompt_refusal
 from rubric_jax.training.learner import Learner, learn
-from rubric_jax.training.metrics import MetricsWriter, PhaseTimer
+from rubric_jax.training.metrics import DEFAULT_CONSOLE_KEYS, MetricsWriter, PhaseTimer
 from rubric_jax.training.optim import make_optimizer, schedule_mismatch
 from rubric_jax.training.run_config import RLConfig, resolve_algorithm
 from rubric_jax.training.run_files import drop_rollout_logs_after, resume_pending, samples_of, save_pending, \
@@ -100,6 +101,18 @@ RL_PLOTS = {
              "time/checkpoint"),
     "critic": ("critic/loss", "critic/explained_variance", "critic/clip_fraction"),
 }
+
+
+def console_keys(algorithm: Algorithm) -> tuple[str, ...]:
+    """The keys of the run's console line: the default ones (`metrics.DEFAULT_CONSOLE_KEYS`), then the recipe's
+    own (`Algorithm.console_metrics`), each once."""
+    return tuple(dict.fromkeys((*DEFAULT_CONSOLE_KEYS, *getattr(algorithm, "console_metrics", ()))))
+
+
+def plot_panels(algorithm: Algorithm) -> dict[str, tuple[str, ...]]:
+    """The run's plots: RL_PLOTS and the recipe's own panels (`Algorithm.plot_panels`; a recipe's panel of the
+    name of one of RL_PLOTS replaces it)."""
+    return {**RL_PLOTS, **getattr(algorithm, "plot_panels", {})}
 
 
 def train_rl(config: RLConfig, task: Any, *, judge=None, model=None, tokenizer=None,
@@ -151,13 +164,14 @@ def _train_rl(config: RLConfig, task: Any, *, judge, model, tokenizer, benchmark
     run = _Run(config=config, task=task, algorithm=algorithm, out=out, learner=learner, state=state,
                context=context, recorder=recorder, judge=clients.judge, benchmarks=benchmarks,
                eval_examples=task.eval_examples(config.eval.num_examples) if config.eval.every_steps else [],
-               writer=runs.open_metrics(out, config.metrics, config.steps, meta),
+               writer=runs.open_metrics(out, config.metrics, config.steps, meta, console_keys(algorithm)),
                checkpointer=checkpointer, pending=pending)
     metrics: dict[str, float] = {}
     with _running(run, clients, frozen_engine) as (background, stop):
         for step in range(start, config.steps):
             metrics = run.step(step, background, stop)
-    runs.save_outputs(out, learner.graphdef, state.params, tokenizer, RL_PLOTS if config.metrics.plots else None)
+    runs.save_outputs(out, learner.graphdef, state.params, tokenizer,
+                      plot_panels(algorithm) if config.metrics.plots else None)
     return metrics
 
 
