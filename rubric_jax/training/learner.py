@@ -1,18 +1,21 @@
-"""The learner of the RL loop (steps 3 and 4 of `training.rl`): its jitted steps per prompt width (policy update,
-logprobs; the critic's value update and values, for a recipe that uses PPO's critic), the epochs x mini-batches
-update of one step, GAE advantages from the critic's values, and the engine/learner logprob mismatch."""
+"""The learner of the RL loop (steps 3 and 4 of `training.rl`, `learn`): its jitted steps per prompt width (policy
+update, logprobs; the critic's value update and values, for a recipe that uses PPO's critic), the epochs x
+mini-batches update of one step, GAE advantages from the critic's values, and the engine/learner logprob
+mismatch."""
 
 from typing import Any
 
 import jax
 import numpy as np
 
-from rubric_jax.algorithms.base import summary_stats
+from rubric_jax.algorithms.base import Experience, summary_stats
 from rubric_jax.core import value as core_value
 from rubric_jax.core.advantages import whiten_tokens_by_group
 from rubric_jax.models import sharding, train_step
 from rubric_jax.models.value import make_value_train_step, make_values_fn
-from rubric_jax.training import policy
+from rubric_jax.training import data_parallel, policy
+from rubric_jax.training.metrics import PhaseTimer
+from rubric_jax.training.optim import learning_rate_schedule
 from rubric_jax.training.run_config import CriticConfig, RLConfig
 
 
@@ -28,7 +31,8 @@ def mismatch_metrics(batch: dict[str, np.ndarray], old_logp_bt: np.ndarray) -> d
 
 class Learner:
     """The jitted steps of one run, compiled per prompt width (the learner's `first_scored`); the critic's too
-    when the run has one (`critic_graphdef` and `critic_optimizer`, its params in `state`)."""
+    when the run has one (`critic_graphdef` and `critic_optimizer`, its params in `state`); and the learning rates
+    of a step's updates."""
 
     def __init__(self, config: RLConfig, algorithm, graphdef, state: policy.LearnerState, optimizer, mesh, rules,
                  critic_graphdef=None, critic_optimizer=None):
@@ -39,6 +43,21 @@ class Learner:
         self.critic_graphdef, self.critic_optimizer = critic_graphdef, critic_optimizer
         self.abstract_critic = jax.eval_shape(lambda p: p, state.critic_params)
         self._compiled_critic: dict[int, tuple[Any, Any]] = {}
+        self._schedule = learning_rate_schedule(config.optimizer)
+        self._critic_schedule = learning_rate_schedule(config.critic.optimizer)
+
+    def _last_update(self, step: int) -> int:
+        """The optimizer's count at the last update of step `step` (0-based): every step makes epochs x
+        mini-batches updates."""
+        return (step + 1) * self.config.learner.epochs * self.config.learner.mini_batches - 1
+
+    def learning_rate(self, step: int) -> float:
+        """The policy's learning rate at the last update of step `step` (0-based): "train/learning_rate"."""
+        return float(self._schedule(self._last_update(step)))
+
+    def critic_learning_rate(self, step: int) -> float:
+        """The critic's learning rate at the last update of step `step` (0-based): "critic/learning_rate"."""
+        return float(self._critic_schedule(self._last_update(step)))
 
     @property
     def has_critic(self) -> bool:
@@ -137,3 +156,39 @@ def update_policy(learner: Learner, state: policy.LearnerState, batch, prompt_wi
                 critic_collected.append(metrics)
     return {**_mean_metrics("train", collected), **_mean_metrics("critic", critic_collected)}
 
+
+
+def learn(learner: Learner, state: policy.LearnerState, experience: Experience, step: int, pad_id: int,
+          timer: PhaseTimer) -> dict[str, float]:
+    """Steps 3 and 4 of `training.rl` on this process's share `experience` of step `step`'s batch (0-based),
+    updating `state` in place: the old logprobs recomputed (with learner.old_logprobs "recompute") and the frozen
+    reference's (for a KL penalty), timed as "logprobs"; the critic's values and GAE advantages ("values"), when
+    the run has a critic; then the update ("update", blocked on, so it times the device's work). Returns the
+    step's train/* metrics, the critic's (its fit before the update, `critic_metrics`, and its learning rate) and
+    the engine/learner mismatch, in this order."""
+    config = learner.config
+    recomputes_old_logprobs = config.learner.old_logprobs == "recompute"
+    # This process's share in the shape all processes agree on (`data_parallel`); `inputs` the global batch.
+    batch, width = data_parallel.align_batch(experience.batch, experience.prompt_width, pad_id,
+                                             config.learner.row_multiple)
+    inputs = sharding.global_batch({key: batch[key] for key in train_step.POLICY_INPUTS}, learner.mesh)
+    if recomputes_old_logprobs or state.reference is not None:
+        _, logprobs = learner.steps(width)
+        with timer.phase("logprobs"):
+            if recomputes_old_logprobs:
+                batch["old_logp_bt"] = sharding.process_rows(logprobs(state.params, inputs), learner.mesh)
+            if state.reference is not None:
+                batch["ref_logp_bt"] = sharding.process_rows(logprobs(state.reference, inputs), learner.mesh)
+    critic_step = {}
+    if learner.has_critic:
+        with timer.phase("values"):
+            _, values = learner.critic_steps(width)
+            batch = critic_advantages(batch, sharding.process_rows(values(state.critic_params, inputs), learner.mesh),
+                                      config.critic)
+        critic_step = {**critic_metrics(batch), "critic/learning_rate": learner.critic_learning_rate(step)}
+    with timer.phase("update"):
+        train_metrics = update_policy(learner, state, batch, width, step, config.seed)
+        jax.block_until_ready(state.params)
+    mismatch = (mismatch_metrics(batch, batch["old_logp_bt"]) if recomputes_old_logprobs
+                else {"mismatch/k3": train_metrics.pop("train/mismatch_k3")})
+    return {**train_metrics, **critic_step, **mismatch}

@@ -15,8 +15,10 @@ import numpy as np
 
 from rubric_jax.algorithms.base import Experience
 from rubric_jax.core.rewards import weighted_fraction
-from rubric_jax.judges.records import JudgedRollout, judged_rollout_from_json, judged_rollout_to_json
+from rubric_jax.judges.records import (JudgedRollout, judged_rollout_from_json, judged_rollout_to_json,
+                                       write_judged_rollouts)
 from rubric_jax.training.experience import SampledExperience
+from rubric_jax.training.metrics import MetricsWriter
 
 
 ROLLOUT_LOG_DIR = "rollouts"
@@ -66,6 +68,25 @@ def samples_of(records: list[JudgedRollout], count: int) -> list[dict[str, Any]]
                         "rubric_score": score, "judge_failure": verdict.reason or None,
                         "judge_detail": verdict.detail or None, "judge_answer": verdict.answer or None})
     return samples
+
+
+def write_step_rollouts(out: Path, writer: MetricsWriter, step: int, sampled: SampledExperience,
+                        samples_per_step: int) -> dict[str, int]:
+    """Where the loop turns step `step`'s judged rollouts into files (`step` completed steps; the records are
+    those `sample_experience` took from the recorder, and travel with the experience they judged, in memory and in
+    the pending file): its rollout file (`rollout_log_path`) when the step logs one, written by process 0 alone
+    (its share, docs/multihost.md), and its first `samples_per_step` as samples to read (`samples_of`; `writer`
+    writes on process 0 alone). Returns what the step's metrics line gains: "rollout_log/records", the rollouts
+    a logged step judged."""
+    if sampled.records is None:
+        return {}
+    logged = {}
+    if sampled.logs_rollouts:
+        if jax.process_index() == 0:
+            write_judged_rollouts(rollout_log_path(out, step), sampled.records)
+        logged["rollout_log/records"] = len(sampled.records)
+    writer.write_samples(step, samples_of(sampled.records, samples_per_step))
+    return logged
 
 
 def pending_path(out: Path, step: int) -> Path:

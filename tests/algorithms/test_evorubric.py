@@ -30,7 +30,7 @@ from rubric_jax.judges.llm import CHAT_PATH
 from rubric_jax.rubrics import prompts
 from rubric_jax.rubrics.schema import Criterion, Rubric
 from rubric_jax.rubrics.steps import response_text
-from rubric_jax.training import rl
+from rubric_jax.training import assembly
 from rubric_jax.training.checkpoint import Checkpointer
 from rubric_jax.training.metrics import PhaseTimer, read_metrics
 from rubric_jax.training.rl import train_rl
@@ -714,8 +714,8 @@ def test_a_train_rl_step_end_to_end_matches_the_reference_and_its_pool_survives_
     reference and whose every metric is finite; then a resumed run loads the checkpointed pool."""
     task, judge = hashed_task(), NoisyMuJudge()
     engines, steps = [], []
-    make_engine = rl.make_engine
-    monkeypatch.setattr(rl, "make_engine", lambda *a: engines.append(Recording(make_engine(*a))) or engines[-1])
+    make_engine = assembly.make_engine
+    monkeypatch.setattr(assembly, "make_engine", lambda *a: engines.append(Recording(make_engine(*a))) or engines[-1])
     experience = EvoRubric.experience
 
     def spied(self, examples, context, step):
@@ -761,8 +761,8 @@ def test_train_rl_samples_the_external_generator_from_a_frozen_engine_that_survi
     enough that step 1 moves the policy, so a frozen engine built from restored weights would differ)."""
     task, judge = hashed_task(), NoisyMuJudge()
     engines = []
-    make_engine = rl.make_engine
-    monkeypatch.setattr(rl, "make_engine", lambda *a: engines.append(Recording(make_engine(*a))) or engines[-1])
+    make_engine = assembly.make_engine
+    monkeypatch.setattr(assembly, "make_engine", lambda *a: engines.append(Recording(make_engine(*a))) or engines[-1])
 
     def external(directory, steps, first):
         config = rl_config(tmp_path / directory, steps)

@@ -13,7 +13,7 @@ import pytest
 
 from rubric_jax.algorithms.base import Experience
 from rubric_jax.inference.embedded import EmbeddedEngine
-from rubric_jax.training import rl, run_files
+from rubric_jax.training import learner as learner_module, rl, run_files
 from rubric_jax.training.checkpoint import Checkpointer
 from rubric_jax.training.metrics import read_metrics
 from rubric_jax.training.run_config import AlgorithmSpec, RolloutConfig, RolloutLogConfig
@@ -29,7 +29,7 @@ OVERLAP = RolloutConfig(prompts_per_step=2, group_size=4, max_new_tokens=16, ove
 def test_the_next_batch_is_sampled_from_the_weights_one_update_old_while_the_learner_updates(tmp_path,
                                                                                                monkeypatch):
     generations, in_update = [], threading.Event()
-    generate, update = EmbeddedEngine.generate, rl.update_policy
+    generate, update = EmbeddedEngine.generate, learner_module.update_policy
 
     def recording_generate(self, prompts, params):
         background = threading.current_thread() is not threading.main_thread()
@@ -45,7 +45,7 @@ def test_the_next_batch_is_sampled_from_the_weights_one_update_old_while_the_lea
             in_update.clear()
 
     monkeypatch.setattr(EmbeddedEngine, "generate", recording_generate)
-    monkeypatch.setattr(rl, "update_policy", flagged_update)
+    monkeypatch.setattr(learner_module, "update_policy", flagged_update)
     rl.train_rl(tiny_rl_config(tmp_path, steps=3, rollout=OVERLAP), toy_task())
 
     # Step 1's batch from the initial weights, then each next one in the background during the update before it.
@@ -89,19 +89,19 @@ def test_an_interrupted_overlapped_run_resumes_to_what_the_uninterrupted_run_pro
 
     rl.train_rl(config("whole"), make_task())
 
-    update = rl.update_policy
+    update = learner_module.update_policy
 
     def interrupted_at_step_3(learner, state, batch, width, step, seed):
         if step == 2:  # after checkpoint 2, with step 4's batch being sampled
             raise Interrupted
         return update(learner, state, batch, width, step, seed)
 
-    monkeypatch.setattr(rl, "update_policy", interrupted_at_step_3)
+    monkeypatch.setattr(learner_module, "update_policy", interrupted_at_step_3)
     with pytest.raises(Interrupted):
         rl.train_rl(config("resumed"), make_task())
     resumed = tmp_path / "resumed" / "run"
     assert run_files.pending_path(resumed, 2).exists()  # step 3's batch, sampled during step 2
-    monkeypatch.setattr(rl, "update_policy", update)
+    monkeypatch.setattr(learner_module, "update_policy", update)
     rl.train_rl(config("resumed"), make_task())
 
     whole = tmp_path / "whole" / "run"

@@ -16,6 +16,7 @@ from flax import nnx
 
 from rubric_jax.algorithms.base import RolloutContext
 from rubric_jax.algorithms.rar import RaR, RaRConfig
+from rubric_jax.algorithms.registry import register
 from rubric_jax.inference.embedded import EmbeddedEngine
 from rubric_jax.inference.engine import SamplingParams
 from rubric_jax.models import sharding, train_step
@@ -89,6 +90,28 @@ def test_one_full_rl_step_writes_every_metric_checkpoint_plot_and_model(tmp_path
     assert load_config(RLConfig, run / "config.yaml").algorithm.params["max_items"] == 16
     saved = load_hf_checkpoint(run / "model")
     assert saved.config.hidden_size == TINY.hidden_size
+
+
+@register("test_rl_recipe_outputs")
+class RaRWithOutputs(RaR):
+    """RaR with a console key and a plot panel of its own (`Algorithm.console_metrics`, `Algorithm.plot_panels`)."""
+
+    console_metrics = ("response/truncated_fraction", "reward/mean")
+    plot_panels = {"truncation": ("response/truncated_fraction", "reward/std")}
+
+
+def test_a_recipes_console_metrics_and_plot_panels_join_the_runs(tmp_path, capsys):
+    """The console line shows the recipe's keys after the default ones (a default one it names, once), and the
+    recipe's panel is plotted beside the default ones."""
+    config = tiny_rl_config(tmp_path, algorithm=AlgorithmSpec(name="test_rl_recipe_outputs"),
+                            metrics=MetricsConfig(tensorboard=False))
+    train_rl(config, toy_task())
+    [line] = [line for line in capsys.readouterr().out.splitlines() if line.startswith("step 1/1 |")]
+    shown = [part.rsplit(" ", 1)[0] for part in line.split(" | ")[1:-2]]
+    assert shown == ["reward/mean", "judge/failure_rate", "train/loss", "train/grad_norm", "train/entropy",
+                     "response/truncated_fraction"]
+    assert {path.name for path in (tmp_path / "run" / "plots").iterdir()} >= {"truncation.png", "reward.png",
+                                                                              "loss.png"}
 
 
 @pytest.mark.parametrize("source", ["init", "checkpoint"])
