@@ -106,13 +106,13 @@ RL_PLOTS = {
 def console_keys(algorithm: Algorithm) -> tuple[str, ...]:
     """The keys of the run's console line: the default ones (`metrics.DEFAULT_CONSOLE_KEYS`), then the recipe's
     own (`Algorithm.console_metrics`), each once."""
-    return tuple(dict.fromkeys((*DEFAULT_CONSOLE_KEYS, *getattr(algorithm, "console_metrics", ()))))
+    return tuple(dict.fromkeys((*DEFAULT_CONSOLE_KEYS, *algorithm.console_metrics)))
 
 
 def plot_panels(algorithm: Algorithm) -> dict[str, tuple[str, ...]]:
     """The run's plots: RL_PLOTS and the recipe's own panels (`Algorithm.plot_panels`; a recipe's panel of the
     name of one of RL_PLOTS replaces it)."""
-    return {**RL_PLOTS, **getattr(algorithm, "plot_panels", {})}
+    return {**RL_PLOTS, **algorithm.plot_panels}
 
 
 def train_rl(config: RLConfig, task: Any, *, judge=None, model=None, tokenizer=None,

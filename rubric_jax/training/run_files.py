@@ -54,7 +54,8 @@ def samples_of(records: list[JudgedRollout], count: int) -> list[dict[str, Any]]
     response, each criterion with its weight and verdict, the rubric score (the weighted fraction of the rubric
     satisfied, as "eval/rubric_score"; a recipe's reward may shape it further), the judge's failure reason, its
     detail and the failed call's raw answer (cut, `judges.base.kept_answer`; null when the judge did not fail or
-    kept none)."""
+    kept none), and what the recipe made of the rollout, its reward, advantage and group (`JudgedRollout.values`;
+    null for an evaluation's samples and for a judge call that is about no trained rollout)."""
     samples = []
     for record in records[:count]:
         criteria, verdict = record.request.rubric.criteria, record.verdict
@@ -66,7 +67,8 @@ def samples_of(records: list[JudgedRollout], count: int) -> list[dict[str, Any]]
                         "criteria": [{"text": c.text, "weight": c.weight, "satisfied": s}
                                      for c, s in zip(criteria, satisfied)],
                         "rubric_score": score, "judge_failure": verdict.reason or None,
-                        "judge_detail": verdict.detail or None, "judge_answer": verdict.answer or None})
+                        "judge_detail": verdict.detail or None, "judge_answer": verdict.answer or None,
+                        "recipe": record.values})
     return samples
 
 

@@ -140,12 +140,19 @@ def test_every_step_and_evaluation_logs_its_first_judged_rollouts_as_samples(tmp
     assert [line["question"] for line in lines[4:]] == [held_out[0], held_out[0], held_out[1]]
     for line in lines:
         assert line.keys() == {"step", "phase", "id", "question", "response", "criteria", "rubric_score",
-                               "judge_failure", "judge_detail", "judge_answer"}
+                               "judge_failure", "judge_detail", "judge_answer", "recipe"}
         assert [c["text"] for c in line["criteria"]] == [c.text for c in RUBRIC.criteria]
         weights = np.array([c["weight"] for c in line["criteria"]])
         satisfied = np.array([c["satisfied"] for c in line["criteria"]], float)
         assert line["rubric_score"] == pytest.approx(weights @ satisfied / weights.sum())
         assert line["judge_failure"] is None and line["judge_detail"] is None and line["judge_answer"] is None
+        # The recipe's view of a training rollout (RaR's reward is the rubric score here: no penalties); an
+        # evaluation trains nothing.
+        if line["phase"] == "train":
+            assert line["recipe"]["reward"] == pytest.approx(line["rubric_score"])
+            assert set(line["recipe"]) == {"reward", "advantage", "group"}
+        else:
+            assert line["recipe"] is None
     events = b"".join(path.read_bytes() for path in (tmp_path / "run" / "tensorboard").iterdir())
     assert b"samples/train" in events and b"step-1/0" in events and b"step-2/1" in events
     assert b"samples/eval" in events and b"eval-2/2" in events
