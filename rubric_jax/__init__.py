@@ -1,5 +1,7 @@
 """rubric_jax: a pure-JAX framework for rubric-based reinforcement learning of LLMs.
 
+`rubric_jax.train(config, overrides)` runs what `rubric-jax train` runs, from Python.
+
 Importing the package silences two start-up messages meant for other set-ups than the one at hand: libtpu's TPU
 initialisation errors on a host without an accelerator (`use_cpu_without_accelerator`) and transformers' notice that
 PyTorch is missing (`drop_torch_missing_notice`), which it never needs.
@@ -8,8 +10,12 @@ PyTorch is missing (`drop_torch_missing_notice`), which it never needs.
 import glob
 import logging
 import os
+from typing import TYPE_CHECKING, Any, Mapping, Sequence, Union
 
 import jax
+
+if TYPE_CHECKING:
+    from rubric_jax.training.run_config import RLConfig
 
 # How an attached accelerator shows in /dev: TPU chips (/dev/accel* on v2-v5e, numbered VFIO groups on v5p and
 # later), NVIDIA GPUs (jax's own check) and AMD GPUs.
@@ -40,6 +46,21 @@ def drop_torch_missing_notice() -> None:
     rubric_jax uses transformers for tokenizers and configs only. Its other warnings still show."""
     logging.getLogger("transformers").addFilter(
         lambda record: not record.getMessage().startswith(TORCH_MISSING_NOTICE))
+
+
+def train(config: Union[str, os.PathLike, "RLConfig", Mapping[str, Any]], overrides: Sequence[str] = ()
+          ) -> dict[str, float]:
+    """An RL run, exactly as `rubric-jax train` runs it: `config` (a YAML file's path, an `RLConfig`, or its plain
+    data as YAML reads it) with the `key.sub=value` `overrides` applied, every input checked through the command's
+    own function (`training.launch.checked_rl_launch`: the config resolved, the model directory, the task and the
+    evaluation benchmarks built, the output directory, the rubric width), then `training.rl.train_rl`. Returns the
+    last step's metrics. A problem of the input is the ValueError (or OSError) the command reports; a run that
+    stops is the RunStopped it reports."""
+    # imported here: importing rubric_jax (and so `rubric-jax --help`) must not build the model stack
+    from rubric_jax.training import launch, rl  # noqa: PLC0415
+
+    inputs = launch.checked_rl_launch(config, overrides)
+    return rl.train_rl(inputs.config, inputs.task, benchmarks=inputs.benchmarks)
 
 
 use_cpu_without_accelerator()

@@ -18,7 +18,8 @@ Generic (it knows no config of the project), so that both the data layer (a task
   group_size 16, not RolloutConfig's own default.
 - `apply_overrides(data, ["optimizer.learning_rate=3e-6", ...])` sets nested keys before validation; each
   value is read as YAML (`1e-6`, `true`, `null`, `[1, 2]`, `cosine`), so overrides type-check like the file.
-- `load_config(cls, path, overrides)` = read the YAML file, apply the overrides, build; `config_to_dict` and
+- `load_config(cls, path, overrides)` = read the YAML file, apply the overrides, build (a path that is no file is
+  a ValueError too, so that every problem of a config is one); `config_to_dict` and
   `save_config` write the fully resolved config (every field, defaults included) back as YAML, which
   `load_config` reads to the same config.
 """
@@ -171,7 +172,10 @@ def _deep_copy(data: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def load_config(cls: type[T], path: Union[str, os.PathLike], overrides: Sequence[str] = ()) -> T:
-    """`cls` from the YAML file at `path` with `overrides` applied (module docstring)."""
+    """`cls` from the YAML file at `path` with `overrides` applied (module docstring); ValueError when `path` does
+    not exist or is a directory."""
+    if not os.path.isfile(path):
+        raise ValueError(f"config file {path} " + ("is a directory" if os.path.isdir(path) else "does not exist"))
     with open(path, encoding="utf-8") as f:
         try:
             data = yaml.safe_load(f)

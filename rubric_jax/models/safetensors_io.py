@@ -225,6 +225,28 @@ def load_hf_checkpoint(
     return nnx.merge(graphdef, nnx.from_flat_state(variables))
 
 
+def check_model_directory(path: Union[str, os.PathLike], what: str = "model directory") -> None:
+    """ValueError, naming `what` and `path`, unless `path` is a local Hugging Face model directory that
+    `load_hf_checkpoint` and `tokenizer.load_tokenizer` load: config.json of a supported architecture
+    (`ModelConfig`'s own checks), safetensors weights and tokenizer files. A launch checks this before any model is
+    built, so that a wrong path is one line, not a traceback from deep in the load."""
+    directory = Path(path)
+    if not directory.is_dir():
+        raise ValueError(f"{what} {path} " + ("is not a directory" if directory.exists() else "does not exist"))
+    if not (directory / CONFIG_NAME).is_file():
+        raise ValueError(f"{what} {path} is not a Hugging Face model directory: it has no {CONFIG_NAME}")
+    try:
+        ModelConfig.from_pretrained(directory)
+    except ValueError as error:  # json's decode errors are ValueErrors too
+        raise ValueError(f"{what} {path}: {CONFIG_NAME}: {error}") from None
+    if not ((directory / WEIGHTS_NAME).is_file() or (directory / INDEX_NAME).is_file()):
+        raise ValueError(f"{what} {path} has no weights: no {WEIGHTS_NAME} or {INDEX_NAME}")
+    try:
+        tokenizer_files(directory)
+    except FileNotFoundError as error:
+        raise ValueError(f"{what} {path}: {error}") from None
+
+
 # ----------------------------------------------------------------------------------------------------- save
 
 

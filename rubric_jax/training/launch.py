@@ -1,9 +1,16 @@
 """What a launch refuses before anything is written (`training.rl.train_rl`, `rubric-jax train` and `validate`): a
 rubric wider than the recipe's max_items, a frozen role without its server, a dataset row whose prompt the model
 cannot sample (`prompt_refusal`), and an LLM role whose server does not answer or whose answer does not parse
-(`check_llm_roles`: one real request each, its answer read by the role's own parser, `judges.preflight`)."""
+(`check_llm_roles`: one real request each, its answer read by the role's own parser, `judges.preflight`).
 
-from typing import Any, Iterator, Mapping, Optional
+Before any model is built, `checked_rl_launch` checks what a user gives an RL run and builds its task and
+evaluation benchmarks: the one path of `rubric-jax train` and `rubric_jax.train` (`rl_inputs`, its first half, is
+`rubric-jax validate`'s). Every problem there is a ValueError (or an OSError of a file) naming what to fix.
+"""
+
+import dataclasses
+import os
+from typing import Any, Iterator, Mapping, Optional, Sequence, Union
 
 from rubric_jax.inference.http import ClientStats
 from rubric_jax.judges import llm, preflight
@@ -11,9 +18,11 @@ from rubric_jax.judges.base import Judge, JudgeRequest
 from rubric_jax.rubrics import parsing, prompts
 from rubric_jax.rubrics.schema import Criterion, Rubric
 from rubric_jax.rubrics.steps import split_steps
-from rubric_jax.training.assembly import context_length
-from rubric_jax.training.run_config import RLConfig
-from rubric_jax.training.runs import RunStopped
+from rubric_jax.models.safetensors_io import check_model_directory
+from rubric_jax.training.assembly import benchmark_tasks, context_length, make_task
+from rubric_jax.training.run_config import RLConfig, resolve_algorithm
+from rubric_jax.training.runs import RunStopped, check_writable_directory
+from rubric_jax.yaml_config import apply_overrides, config_from_dict, config_to_dict, load_config
 
 
 # The response a launch's preflight request shows the judge when the example has no reference answer to show.
@@ -148,3 +157,46 @@ def check_frozen_engine(algorithm: Any, config: RLConfig) -> None:
         raise ValueError(f"{config.algorithm.name} samples a role from the frozen initial policy: set "
                          "rollout.frozen_sglang_url to a second SGLang server")
 
+
+@dataclasses.dataclass(frozen=True)
+class RLInputs:
+    """An RL run's checked config and what is built from it before any model: its task and its evaluation
+    benchmarks (name -> (task, examples), `assembly.benchmark_tasks`; empty for a run that does not evaluate)."""
+
+    config: RLConfig
+    task: Any
+    benchmarks: dict
+
+
+def rl_config(config: Union[str, os.PathLike, RLConfig, Mapping[str, Any]], overrides: Sequence[str] = ()
+              ) -> RLConfig:
+    """The RLConfig `config` gives (a YAML file's path, an RLConfig, or its plain data as YAML reads it) with the
+    `key.sub=value` `overrides` applied; ValueError naming the key of a bad one (`yaml_config`)."""
+    if isinstance(config, (str, os.PathLike)):
+        return load_config(RLConfig, config, overrides)
+    data = config_to_dict(config) if isinstance(config, RLConfig) else config
+    return config_from_dict(RLConfig, apply_overrides(data, overrides))
+
+
+def rl_inputs(config: Union[str, os.PathLike, RLConfig, Mapping[str, Any]], overrides: Sequence[str] = ()
+              ) -> RLInputs:
+    """`rl_config`'s config with its algorithm resolved (its params read by the recipe's own config) and its
+    model directory checked (`model.path`: config.json, weights, tokenizer), then its task and benchmarks built
+    (their files read and checked): everything `rubric-jax validate` checks before it reports."""
+    config = rl_config(config, overrides)
+    resolve_algorithm(config)
+    if config.model.path is not None:
+        check_model_directory(config.model.path, "model.path")
+    task = make_task(config.task)
+    benchmarks = benchmark_tasks(config.eval, config.seed) if config.eval.every_steps else {}
+    return RLInputs(config, task, benchmarks)
+
+
+def checked_rl_launch(config: Union[str, os.PathLike, RLConfig, Mapping[str, Any]], overrides: Sequence[str] = ()
+                      ) -> RLInputs:
+    """`rl_inputs`, then the output directory checked writable and the task's rubrics against the recipe's
+    max_items: every check of `rubric-jax train` and `rubric_jax.train` before `training.rl.train_rl` runs."""
+    inputs = rl_inputs(config, overrides)
+    check_writable_directory(inputs.config.output_dir, "output_dir")
+    check_rubric_width(resolve_algorithm(inputs.config)[0], inputs.task)
+    return inputs

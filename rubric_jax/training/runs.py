@@ -11,7 +11,8 @@ Relaunching (`check_relaunch`): a directory with history (checkpoints or metrics
 it was started with, apart from RELAUNCH_SAFE_KEYS, and never with checkpoint.resume false; a checkpoint newer
 than the newest that restores is set aside (`restore_latest`); SIGINT and SIGTERM stop a run at the end of a step
 (`StopRequests`, `RunInterrupted`). A launch that fails before its first step completes leaves the directory as it
-found it (`undo_failed_launch`).
+found it (`undo_failed_launch`); one whose output directory cannot be written is refused before anything is built
+(`check_writable_directory`).
 
 Multi-process runs (`docs/multihost.md`): every process calls these functions; the checkpoint is written and read
 by all of them (orbax: each process its own shards), the metrics log, config and plots by process 0 alone
@@ -24,6 +25,7 @@ import logging
 import shutil
 import signal
 import sys
+import tempfile
 import threading
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
@@ -121,6 +123,21 @@ def _flat(data: Any, prefix: str = "") -> dict[str, Any]:
 
 def _safe_to_change(key: str) -> bool:
     return any(key == safe or key.startswith(safe + ".") for safe in RELAUNCH_SAFE_KEYS)
+
+
+def check_writable_directory(path: str, what: str = "output directory") -> None:
+    """Writes and deletes a scratch file in the directory `path`, or, when it does not exist yet, in its nearest
+    existing ancestor (where the run will create it); ValueError naming `what` if that is not a directory or the
+    write fails. Trying is the only reliable check (permissions say nothing to root or on a read-only file
+    system), and it creates nothing, so a launch refused later leaves no trace."""
+    existing = next(p for p in (Path(path), *Path(path).parents) if p.exists())  # "." or "/" at the latest
+    if not existing.is_dir():
+        raise ValueError(f"cannot write the {what} {path}: {existing} is not a directory")
+    try:
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as error:
+        raise ValueError(f"cannot write the {what} {path}: {error.strerror or error}") from None
 
 
 def has_history(out: Path) -> bool:

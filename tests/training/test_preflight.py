@@ -16,7 +16,8 @@ from rubric_jax.models.tokenizer import apply_chat_template
 from rubric_jax.rubrics import parsing
 from rubric_jax.rubrics import synthesis_schemas as schemas
 from rubric_jax.training import assembly, launch, rl, runs
-from rubric_jax.training.run_config import JudgeConfig, MetaVerifierConfig, resolve_algorithm
+from rubric_jax.training.run_config import JudgeConfig, MetaVerifierConfig, RLConfig, resolve_algorithm
+from rubric_jax.yaml_config import load_config
 from tests.data.dataset_fixtures import FIXTURES
 from tests.data.synthesis_generators import QuestionGenerator
 from tests.inference.standin_server import StandinServer
@@ -111,8 +112,8 @@ def test_validate_and_train_name_the_dataset_row_whose_prompt_is_longer_than_the
     assert capsys.readouterr().err.startswith(f"rubric-jax validate: {expected}")
     assert validate(*sizes[:2], f"rollout.max_prompt_tokens={context - 1}", "--offline") == 0
 
-    config = cli._load(cli.RLConfig, str(REPO / "configs/rar_dataset_cpu.yaml"),
-                       [f"task.params.path={RAR_ROWS}", f"output_dir={tmp_path / 'run'}", *sizes])
+    config = load_config(RLConfig, str(REPO / "configs/rar_dataset_cpu.yaml"),
+                         [f"task.params.path={RAR_ROWS}", f"output_dir={tmp_path / 'run'}", *sizes])
     with pytest.raises(runs.RunStopped, match=f"^{expected}".replace("(", r"\(").replace(")", r"\)")):
         rl.train_rl(config, task)
     assert not (tmp_path / "run").exists()

@@ -1,16 +1,14 @@
-"""`rubric-jax eval` and `rubric-jax validate` on every preset's fixture: the evaluation (a scripted policy and
-judge, so that the expected scores are known) gives avg@k for the presets with a gold answer and the weighted
-rubric score for those with a rubric, each checked against a plain loop over the fixture's rubrics; and validate
-passes on a run config over each preset."""
+"""`rubric-jax eval` on every preset's fixture: the evaluation (a scripted policy and judge, so that the expected
+scores are known) gives avg@k for the presets with a gold answer and the weighted rubric score for those with a
+rubric, each checked against a plain loop over the fixture's rubrics; its report (markdown, samples, strict JSON);
+and the evaluation benchmarks of a run, read as eval reads a dataset."""
 
 import json
 import math
-from pathlib import Path
 
 import pytest
-import yaml
 
-from rubric_jax import benchmark, cli
+from rubric_jax.commands import eval as eval_command
 from rubric_jax.data import presets
 from rubric_jax.training import assembly
 from rubric_jax.data.tasks import build_task
@@ -19,8 +17,6 @@ from rubric_jax.rubrics.schema import ItemKind
 from rubric_jax.training.run_config import EvalBenchmark, EvalConfig
 from tests.data.dataset_fixtures import fixture_path
 from tests.training.test_evaluate import TextEngine
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 class AllMet(Judge):
@@ -43,14 +39,14 @@ def expected_rubric_score(rubrics) -> float:
 
 @pytest.mark.parametrize("preset", sorted(presets.PRESETS))
 def test_every_preset_evaluates_with_known_scores(preset):
-    task = build_task("dataset", benchmark.dataset_params(preset, str(fixture_path(preset))), 0)
+    task = build_task("dataset", eval_command.dataset_params(preset, str(fixture_path(preset))), 0)
     examples = task.eval_examples(int(task.data_metrics()["data/eval_rows"]))
     assert len(examples) == len(task.train_stream(0).next_batch(len(examples)))  # the whole file is evaluated
     first = examples[0]
     answer = f"\\boxed{{{first.answer}}}" if first.answer is not None else "I do not know."
     tokenizer = task.tokenizer()
     judge = AllMet() if task.config.columns.rubric is not None else task.judge()
-    metrics = benchmark.evaluate_model(TextEngine(tokenizer, answer), tokenizer, task, judge, examples,
+    metrics = eval_command.evaluate_model(TextEngine(tokenizer, answer), tokenizer, task, judge, examples,
                                        EvalConfig(samples_per_example=2, temperature=1.0), max_new_tokens=8, seed=0,
                                        chunk_examples=1)
     if task.config.answer_kind == "none":  # no answers to check: no accuracy metric at all
@@ -64,36 +60,8 @@ def test_every_preset_evaluates_with_known_scores(preset):
         assert metrics["eval/rubric_score"] == pytest.approx(expected_rubric_score([e.rubric for e in examples]))
     else:  # an answers-only benchmark reports no rubric score, rather than a constant 0
         assert not any("rubric" in key for key in metrics)
-    report = benchmark.markdown_report(metrics, preset)
+    report = eval_command.markdown_report(metrics, preset)
     assert report.startswith(f"# {preset}\n\n| metric | value |\n|---|---|\n| {next(iter(metrics))} | ")
-
-
-@pytest.mark.parametrize("preset", sorted(presets.PRESETS))
-def test_validate_passes_on_every_preset(preset, tmp_path, capsys):
-    rubric = presets.PRESETS[preset]["columns"].get("rubric") is not None
-    config = {"output_dir": str(tmp_path / "run"), "steps": 1,
-              "model": {"init": {"max_position_embeddings": 4096}},
-              "task": {"name": "dataset", "params": {"preset": preset, "path": str(fixture_path(preset))}},
-              "algorithm": {"name": "rar" if rubric else "grpo"},
-              "judge": {"kind": "llm", "url": "http://127.0.0.1:1", "model": "judge", "format": "rating"} if rubric
-              else {"kind": "task"}}
-    (tmp_path / "run.yaml").write_text(yaml.safe_dump(config))
-    assert cli.main(["validate", str(tmp_path / "run.yaml"), "--rows", "1", "--offline"]) == 0
-    out = capsys.readouterr().out
-    assert "\ndata: " in out and "policy prompt (" in out and "judge prompt ---" in out
-
-
-@pytest.mark.parametrize("config, roles, text", [
-    ("srar_dataset_cpu.yaml", ["policy"], "Begin each step with \"### Step N:\""),  # SRaR's step format, not the task's
-    ("rlcer_dataset_cpu.yaml", ["reasoner", "rubricator"], "(the policy's response)"),  # the CoT's place in Figure 9
-    ("rgr_grpo_dataset_cpu.yaml", ["policy", "refinement"], "(the policy's response)"),
-])
-def test_validate_renders_each_role_as_the_recipe_prompts_it(config, roles, text, capsys, monkeypatch):
-    monkeypatch.chdir(ROOT)  # the configs name their fixture relative to the repository root
-    assert cli.main(["validate", f"configs/{config}", "--rows", "1", "--offline"]) == 0
-    out = capsys.readouterr().out
-    assert [line.split(" prompts:")[0] for line in out.splitlines() if " prompts: the longest" in line] == roles
-    assert all(f": {role} prompt (" in out for role in roles) and text in out
 
 
 def test_samples_markdown_fences_model_text_so_it_cannot_close_its_fence():
@@ -109,7 +77,7 @@ def test_samples_markdown_fences_model_text_so_it_cannot_close_its_fence():
          "judge_detail": "criteria[0] 'is polite':\nno JSON object", "judge_answer": "## Verdict\n```\nmet",
          "criteria": [{"text": "is polite", "weight": 1.0, "satisfied": None}]},
     ]
-    markdown = benchmark.samples_markdown(samples)
+    markdown = eval_command.samples_markdown(samples)
     fence = "`" * 8  # one longer than the response's longest run of backticks (7)
     assert f"Response:\n\n{fence}\n{response}\n{fence}\n" in markdown
     assert [line for line in markdown.splitlines() if line.startswith("- [")] == [
@@ -121,35 +89,11 @@ def test_samples_markdown_fences_model_text_so_it_cannot_close_its_fence():
     assert markdown.count(f"\n{fence}\n") == 2 and markdown.startswith("## Samples\n\n### eval/0\n")
 
 
-@pytest.mark.parametrize("score, effect", [
-    (None, "counted: a met one subtracts its points from the reward (score: positive_points)"),  # rar's default
-    ("weighted_fraction", "weighted 0: a met penalty costs nothing"),
-])
-def test_validate_says_what_the_score_does_with_the_datas_penalties(score, effect, tmp_path, capsys):
-    # the HealthBench fixture's two rows (criteria -10 and -9) and a third whose only criterion is a penalty
-    rows = fixture_path("healthbench").read_text().splitlines()
-    penalty_only = yaml.safe_load(rows[0])
-    penalty_only["rubrics"] = [penalty_only["rubrics"][1]]
-    data = tmp_path / "healthbench.jsonl"
-    data.write_text("\n".join([*rows, json.dumps(penalty_only)]) + "\n")
-    params = {"max_items": 8} if score is None else {"max_items": 8, "score": score}
-    config = {"output_dir": str(tmp_path / "run"), "steps": 1, "model": {"init": {"max_position_embeddings": 4096}},
-              "task": {"name": "dataset", "params": {"preset": "healthbench", "path": str(data)}},
-              "algorithm": {"name": "rar", "params": params},
-              "judge": {"kind": "llm", "url": "http://127.0.0.1:1", "model": "judge", "format": "healthbench"}}
-    (tmp_path / "run.yaml").write_text(yaml.safe_dump(config))
-    assert cli.main(["validate", str(tmp_path / "run.yaml"), "--rows", "1", "--offline"]) == 0
-    lines = capsys.readouterr().out.splitlines()
-    assert any(line.startswith(f"rubrics: 3 criteria with a negative weight: {effect}") for line in lines)
-    assert "rubrics: 1 rows with no positive weight: a weighted score (positive points, weighted fraction) gives " \
-           "them 0 whatever the response" in lines
-
-
 def test_the_report_writes_undefined_values_as_null_and_n_a(tmp_path):
     """HealthBench's points score is NaN where no sample has positive points (`evaluate.clipped_mean`): strict
     JSON null in the report, "n/a" in its markdown."""
     metrics = {"eval/accuracy": 0.5, "eval/points_score": math.nan, "eval/tag/t/points_score": math.inf}
-    markdown = benchmark.write_report(metrics, str(tmp_path / "eval.json"), "title")
+    markdown = eval_command.write_report(metrics, str(tmp_path / "eval.json"), "title")
 
     def refuse(constant):
         raise ValueError(f"not JSON: {constant}")
@@ -162,7 +106,7 @@ def test_the_report_writes_undefined_values_as_null_and_n_a(tmp_path):
 
 def test_benchmark_tasks_read_their_rows_not_their_rubrics_and_name_what_does_not_read(tmp_path):
     """A preset with a rubric column (rgr) is read for its answers only; a copy laid out otherwise reads through
-    `params`; a missing file, an unknown preset and a preset without answers are refused naming the benchmark."""
+    `params`; a missing file, an unknown preset and a preset without answers are refused naming the eval_command."""
     config = EvalConfig(benchmarks={"rgr": EvalBenchmark(preset="rgr", path=str(fixture_path("rgr")), num_examples=1)})
     task, examples = assembly.benchmark_tasks(config, seed=0)["rgr"]
     assert len(examples) == 1 and task.rubric(examples[0]).criteria == () and task.has_outcome
