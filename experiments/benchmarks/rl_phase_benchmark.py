@@ -23,7 +23,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
-from rubric_jax.data.tasks import build_task  # noqa: E402
+from rubric_jax.training.assembly import make_task  # noqa: E402
 from rubric_jax.training.metrics import read_metrics  # noqa: E402
 from rubric_jax.training.rl import train_rl  # noqa: E402
 from rubric_jax.training.run_config import (  # noqa: E402
@@ -43,7 +43,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         quickstart = QuickstartConfig(output_dir=scratch, metrics=MetricsConfig(console=False, plots=False,
                                                                                 tensorboard=False))
-        task = build_task(quickstart.task.name, quickstart.task.params, quickstart.task.seed)
+        task = make_task(quickstart.task)
         sft_model = args.sft_model
         if not os.path.isdir(sft_model):
             print(f"no SFT model at {sft_model}: training one with the quickstart's SFT stage", flush=True)

@@ -28,7 +28,7 @@ import dataclasses
 from typing import Optional, Sequence
 
 from experiments.comparison import Variant, comparison_parser, eval_samples, load_configs, run_comparison
-from rubric_jax.data.tasks import build_task
+from rubric_jax.training.assembly import make_task
 from rubric_jax.training.run_config import AlgorithmSpec, RLConfig
 
 TITLE = "EvoRubric vs a static base rubric and its ablations (rubric world, CPU)"
@@ -61,8 +61,8 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     args = comparison_parser(TITLE).parse_args(argv)
     sft, base = load_configs("sft_rubric_world.yaml", "evorubric_cpu.yaml", args, smoke_max_positions=320,
                                  smoke_algorithm_params={"generator_group_size": 2, "generator_max_new_tokens": 8})
-    task = build_task(base.task.name, base.task.params, base.task.seed)
-    sft_task = build_task(sft.task.name, sft.task.params, sft.task.seed)
+    task = make_task(base.task)
+    sft_task = make_task(sft.task)
     k = eval_samples(args, base)
     return run_comparison(
         args.out, args=args, task=task, sft=sft, sft_task=sft_task, variants=variants(base),

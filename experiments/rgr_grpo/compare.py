@@ -30,8 +30,7 @@ from typing import Any, Optional, Sequence
 
 from experiments.comparison import CONFIGS, Variant, comparison_parser, eval_samples, load_configs, run_comparison
 from rubric_jax.algorithms.rgr_grpo import refine_at_test_time
-from rubric_jax.data.tasks import build_task
-from rubric_jax.training.assembly import saved_model_engine
+from rubric_jax.training.assembly import make_task, saved_model_engine
 from rubric_jax.training.run_config import AlgorithmSpec, RLConfig
 from rubric_jax.yaml_config import load_config
 
@@ -70,8 +69,8 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     args = comparison_parser(TITLE).parse_args(argv)
     # Room for the longest refinement prompt (arithmetic_rgr.REFINEMENT_PROMPT_TOKENS) and a 64-token answer.
     sft, base = load_configs("sft_arithmetic_rgr.yaml", "rgr_grpo_cpu.yaml", args, smoke_max_positions=320)
-    task = build_task(base.task.name, base.task.params, base.task.seed)
-    sft_task = build_task(sft.task.name, sft.task.params, sft.task.seed)
+    task = make_task(base.task)
+    sft_task = make_task(sft.task)
     k = eval_samples(args, base)
     return run_comparison(
         args.out, args=args, task=task, sft=sft, sft_task=sft_task, variants=variants(base),

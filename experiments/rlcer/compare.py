@@ -33,8 +33,7 @@ from typing import Any, Optional, Sequence
 from experiments.comparison import CONFIGS, Variant, comparison_parser, eval_samples, load_configs, run_comparison
 from rubric_jax.algorithms.rlcer import RLCERConfig, rubricator_io
 from rubric_jax.algorithms.rlcer_eval import hint_evaluation
-from rubric_jax.data.tasks import build_task
-from rubric_jax.training.assembly import saved_model_engine
+from rubric_jax.training.assembly import make_task, saved_model_engine
 from rubric_jax.training.run_config import AlgorithmSpec, RLConfig
 from rubric_jax.yaml_config import config_from_dict, load_config
 
@@ -76,8 +75,8 @@ def main(argv: Optional[Sequence[str]] = None) -> dict:
     args = comparison_parser(TITLE).parse_args(argv)
     sft, base = load_configs("sft_rubric_world.yaml", "rlcer_cpu.yaml", args, smoke_max_positions=256,
                                  smoke_algorithm_params={"rubricator_max_new_tokens": 8})
-    task = build_task(base.task.name, base.task.params, base.task.seed)
-    sft_task = build_task(sft.task.name, sft.task.params, sft.task.seed)
+    task = make_task(base.task)
+    sft_task = make_task(sft.task)
     k = eval_samples(args, base)
     hint_keys = ["eval/no_hint_accuracy", "eval/hint_accuracy", f"eval/no_hint_pass@{k}", f"eval/hint_pass@{k}",
                  "eval/hint_rubric_format_rate"]

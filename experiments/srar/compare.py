@@ -28,7 +28,7 @@ import dataclasses
 from typing import Optional, Sequence
 
 from experiments.comparison import Variant, comparison_parser, eval_samples, load_configs, run_comparison
-from rubric_jax.data.tasks import build_task
+from rubric_jax.training.assembly import make_task
 from rubric_jax.training.run_config import AlgorithmSpec, RLConfig
 
 TITLE = "SRaR vs RaR, outcome-only GRPO and its ablations (arithmetic, CPU)"
@@ -61,7 +61,7 @@ def variants(base: RLConfig) -> list[Variant]:
 def main(argv: Optional[Sequence[str]] = None) -> dict:
     args = comparison_parser(TITLE).parse_args(argv)
     sft, base = load_configs("sft_arithmetic.yaml", "srar_cpu.yaml", args)
-    task = build_task(base.task.name, base.task.params, base.task.seed)
+    task = make_task(base.task)
     k = eval_samples(args, base)
     return run_comparison(
         args.out, args=args, task=task, sft=sft, variants=variants(base),

@@ -6,7 +6,8 @@ base.py             the task interface, the rollout context, `Experience`, `Poli
                     them, metrics) and `GroupRecipe`, the response-level recipes' shared algorithm box, whose
                     steps (draw, reward, informative, advantage, metrics) a variant overrides one at a time.
 registry.py         recipes by name (`register`, `algorithm_class`, `names`) and their evaluation analyses
-                    (`register(name, eval_metrics=fn)`, `eval_metrics_fn`).
+                    (`register(name, eval_metrics=fn)`, `eval_metrics_fn`); a user's own recipe modules from a
+                    run config's `algorithm.imports` (`import_recipe_modules`; docs/extending.md).
 rubric_grounded.py  rubric-grounded GRPO: the judge sees the grounding, weighted criteria, LOO baseline, k3 KL.
 srar.py             SRaR: step-attributed typed rubric items, step-wise normalisation, decoupled advantage.
 rlcer.py            RLCER: reasoner and rubricator roles, validity by correlation (rlcer_eval.py: RQ4's hints).

@@ -15,10 +15,10 @@ from typing import Any, Iterator, Mapping, Optional, Sequence, Union
 from rubric_jax.inference.http import ClientStats
 from rubric_jax.judges import llm, preflight
 from rubric_jax.judges.base import Judge, JudgeRequest
+from rubric_jax.models.safetensors_io import check_model_directory
 from rubric_jax.rubrics import parsing, prompts
 from rubric_jax.rubrics.schema import Criterion, Rubric
 from rubric_jax.rubrics.steps import split_steps
-from rubric_jax.models.safetensors_io import check_model_directory
 from rubric_jax.training.assembly import benchmark_tasks, context_length, make_task
 from rubric_jax.training.run_config import RLConfig, resolve_algorithm
 from rubric_jax.training.runs import RunStopped, check_writable_directory
