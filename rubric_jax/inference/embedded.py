@@ -18,8 +18,9 @@ One call, on the device:
    temperature 0 is greedy (argmax, no filtering). Ties at the top-k / top-p threshold are all kept (a threshold
    on the value, not a cut in sort order). The token is drawn from the kept tokens' renormalised probabilities
    by the inverse CDF of one uniform per row and step (`inverse_cdf_sample`); each sample's uniforms come from
-   its own stream, `fold_in(fold_in(key(seed), sample index in the call), step)`, so results do not depend on
-   batching, padding or `max_batch_size`.
+   its own stream, `fold_in(key(sample seed), step)` with the sample seed `engine.sample_seeds(call seed)[sample
+   index in the call]` (the seeds the SGLang engine sends), so results do not depend on batching, padding or
+   `max_batch_size`.
 4. Logprobs: log_softmax(logits / temperature) of the sampled token, before top-k / top-p (temperature 0 counts
    as 1): what `rubric_jax.models.logprobs.sequence_logprobs(..., temperature=...)` recomputes in the learner.
    With penalties they are those of the penalised logits, as SGLang's (which the learner does not recompute).
@@ -50,6 +51,7 @@ waits for the running generation), and `agenerate` runs `generate` in a worker t
 """
 
 import asyncio
+import dataclasses
 import functools
 import threading
 from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
@@ -59,7 +61,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from rubric_jax.inference.engine import Prompt, RolloutEngine, Sample, SamplingParams, prompt_token_ids
+from rubric_jax.inference.engine import Prompt, RolloutEngine, Sample, SamplingParams, prompt_token_ids, sample_seeds
 from rubric_jax.models.decoder import Decoder, init_cache
 
 if TYPE_CHECKING:
@@ -182,11 +184,12 @@ def sample_tokens(logits_bv, keys_b, step, temperature, top_k, top_p, mode: str)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "max_steps", "mode"))
-def _generate(graphdef, state, tokens_bp, mask_bp, budget_b, sample_index_b, stop_ids_s, seed, temperature, top_k,
-              top_p, penalties, *, max_steps: int, mode: str, pad_id: int = 0):
+def _generate(graphdef, state, tokens_bp, mask_bp, budget_b, seed_b, stop_ids_s, temperature, top_k, top_p,
+              penalties, *, max_steps: int, mode: str, pad_id: int = 0):
     """(output_ids_bn, logprobs_bn, length_b) for N = max_steps columns; see the module docstring (1.-4.).
 
-    budget_b: tokens each row may generate (0 for a padding row: it starts done); stop_ids_s: stop token ids,
+    budget_b: tokens each row may generate (0 for a padding row: it starts done); seed_b: each row's sample seed
+    (uint32); stop_ids_s: stop token ids,
     padded with -1; penalties: (presence, frequency, repetition), or None for a call without penalties (then no
     token counts are kept)."""
     model = nnx.merge(graphdef, state)
@@ -196,7 +199,7 @@ def _generate(graphdef, state, tokens_bp, mask_bp, budget_b, sample_index_b, sto
     cache = init_cache(model.config, batch, width + max_steps, model.dtype)
     hidden_bpd, cache = model(tokens_bp, positions_bp, mask_bp, cache)
     logits_bv = model.logits(hidden_bpd[:, -1])
-    keys_b = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(jax.random.key(seed), sample_index_b)
+    keys_b = jax.vmap(jax.random.key)(seed_b)
 
     def record(step, logits_bv, done_b, output_ids_bn, logprobs_bn, counts_bv):
         logits_bv = _penalize(logits_bv, counts_bv, penalties)
@@ -295,21 +298,34 @@ class EmbeddedEngine(RolloutEngine):
 
     def generate(self, prompts: Sequence[Prompt], params: SamplingParams) -> list[Sample]:
         prompt_ids = [self._prompt_ids(i, prompt) for i, prompt in enumerate(prompts)]
+        with self._lock:
+            seed = params.seed if params.seed is not None else self._call_seed()
+        seeds = iter(sample_seeds(seed, len(prompts) * params.n))
+        rows = [(ids, next(seeds)) for ids in prompt_ids for _ in range(params.n)]
+        samples = self._generate_rows(rows, params)
+        return [dataclasses.replace(sample, prompt_index=row // params.n) for row, sample in enumerate(samples)]
+
+    def generate_rows(self, rows: Sequence[tuple[Prompt, int]], params: SamplingParams) -> list[Sample]:
+        """One sample per (prompt, sample seed) row, in row order (`prompt_index` the row's index); `params`' n and
+        seed are not read. `generate` is this with the seeds `sample_seeds(call seed)`; a server that takes a seed
+        per sample (the tests' SGLang stand-in) calls it directly."""
+        return self._generate_rows([(self._prompt_ids(r, prompt), seed) for r, (prompt, seed) in enumerate(rows)],
+                                   params)
+
+    def _generate_rows(self, rows: Sequence[tuple[list[int], int]], params: SamplingParams) -> list[Sample]:
         if params.stop and self.tokenizer is None:
             raise ValueError("stop strings need an engine built with a tokenizer")
         vocab = self._config.vocab_size
         if any(not 0 <= i < vocab for i in params.stop_token_ids):
             raise ValueError(f"stop_token_ids must lie in [0, {vocab}), got {params.stop_token_ids}")
-        rows = [(p, ids) for p, ids in enumerate(prompt_ids) for _ in range(params.n)]
         with self._lock:
-            seed = params.seed if params.seed is not None else self._call_seed()
             chunk = self.max_batch_size or max(len(rows), 1)
             results = []
             for start in range(0, len(rows), chunk):
-                results += self._run_rows(rows[start:start + chunk], start, params, seed)
+                results += self._run_rows(rows[start:start + chunk], params)
             version = self.weight_version
-        return [self._sample(p, prompt_ids, ids, logps, params, version)
-                for (p, prompt_ids), (ids, logps) in zip(rows, results)]
+        return [self._sample(r, ids, out, logps, params, version)
+                for r, ((ids, _), (out, logps)) in enumerate(zip(rows, results))]
 
     def _prompt_ids(self, index: int, prompt: Prompt) -> list[int]:
         ids = prompt_token_ids(prompt, self.tokenizer, self.chat_template_kwargs)
@@ -327,27 +343,28 @@ class EmbeddedEngine(RolloutEngine):
         self._num_calls += 1
         return int(np.random.SeedSequence((self.seed, self._num_calls)).generate_state(1)[0])
 
-    def _run_rows(self, rows, first_index: int, params: SamplingParams, seed: int):
-        """Runs one chunk of (prompt index, prompt ids) rows; returns (output ids, logprobs) per row, the ids
-        ending at the device's stop (a stop token or the budget)."""
+    def _run_rows(self, rows, params: SamplingParams):
+        """Runs one chunk of (prompt ids, sample seed) rows; returns (output ids, logprobs) per row, the ids ending
+        at the device's stop (a stop token or the budget)."""
         num_rows = len(rows)
         batch = bucket(num_rows, 1)
         if self.max_batch_size is not None:
             batch = min(batch, self.max_batch_size)
-        width = bucket(max(len(ids) for _, ids in rows))
+        width = bucket(max(len(ids) for ids, _ in rows))
         tokens_bp = np.full((batch, width), self.pad_id, np.int32)
         mask_bp = np.zeros((batch, width), bool)
         budget_b = np.zeros(batch, np.int32)
-        for b, (_, ids) in enumerate(rows):
+        seed_b = np.zeros(batch, np.uint32)
+        for b, (ids, seed) in enumerate(rows):
             tokens_bp[b, width - len(ids):] = ids
             mask_bp[b, width - len(ids):] = True
             budget_b[b] = min(params.max_new_tokens, self._config.max_position_embeddings - len(ids))
+            seed_b[b] = seed
         stop_ids = self.eos_token_ids + params.stop_token_ids
         stop_ids_s = np.full(-(-max(len(stop_ids), 1) // STOP_IDS_BUCKET) * STOP_IDS_BUCKET, -1, np.int32)
         stop_ids_s[:len(stop_ids)] = stop_ids
         output_ids_bn, logprobs_bn, length_b = _generate(
-            self._graphdef, self._state, tokens_bp, mask_bp, budget_b,
-            np.arange(first_index, first_index + batch, dtype=np.int32), stop_ids_s, np.uint32(seed),
+            self._graphdef, self._state, tokens_bp, mask_bp, budget_b, seed_b, stop_ids_s,
             np.float32(params.temperature), np.int32(params.top_k), np.float32(params.top_p), _penalties(params),
             max_steps=bucket(params.max_new_tokens), mode=_sampling_mode(params), pad_id=self.pad_id,
         )

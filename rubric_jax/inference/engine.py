@@ -230,6 +230,14 @@ class RolloutEngine(abc.ABC):
         return None
 
 
+def sample_seeds(seed: int, count: int) -> list[int]:
+    """The seeds of a call's `count` samples (prompt-major), seeded by the call's `seed`: sample i's is drawn from
+    `SeedSequence((seed, i))`, 31 bits. Both engines seed each sample with its own (the embedded engine's row
+    keys, the SGLang engine's per-sample `sampling_seed`), so the n samples of one prompt differ on any server
+    and a sample depends on the call's seed and its index alone."""
+    return [int(np.random.SeedSequence((seed, i)).generate_state(1)[0] >> 1) for i in range(count)]
+
+
 def stale_samples(samples: Sequence[Sample], current_version: str) -> list[int]:
     """Indices of the samples produced by a weight version other than `current_version`."""
     return [i for i, sample in enumerate(samples) if sample.weight_version != current_version]

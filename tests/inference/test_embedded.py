@@ -325,7 +325,7 @@ def test_token_counts_are_allocated_only_with_penalties(qwen3):
     graphdef, state = nnx.split(qwen3)
     rows, vocab = 4, qwen3.config.vocab_size
     args = (state, np.zeros((rows, 16), np.int32), np.ones((rows, 16), bool), np.full(rows, 16, np.int32),
-            np.arange(rows, dtype=np.int32), np.full(8, -1, np.int32), np.uint32(0), np.float32(1.0), np.int32(-1),
+            np.arange(rows, dtype=np.uint32), np.full(8, -1, np.int32), np.float32(1.0), np.int32(-1),
             np.float32(1.0))
 
     def traced(penalties):
