@@ -42,7 +42,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from rubric_jax.core import advantages, aggregation, kl, losses, rubric_validity
-from rubric_jax.inference.engine import RolloutBatch, RolloutEngine, Sample, SamplingParams, prompt_token_ids
+from rubric_jax.inference.engine import (RolloutBatch, RolloutEngine, Sample, SamplingParams, prompt_token_ids,
+                                         stale_samples)
 from rubric_jax.judges.base import Judge, JudgeRequest, Verdicts
 from rubric_jax.judges.llm import LLMMetaVerifier
 from rubric_jax.judges.records import RecipeValues
@@ -54,6 +55,7 @@ _LOG = logging.getLogger(__name__)
 LONG_DRAW_BATCHES = 10  # dynamic_groups warns every this many generation batches of one step
 
 PROMPT_WIDTH_MULTIPLE = 16  # prompt widths are rounded up to this, so the learner's step rarely recompiles
+FAILED_SAMPLE = "failed_sample"  # the verdict reason of a failed sample, never sent to the judge (judge_requests)
 
 
 class Task(Protocol):
@@ -116,7 +118,8 @@ class RolloutContext:
     a weight update, for a role played by an unoptimised model (the trainer makes one when the recipe's
     `needs_frozen_engine`). meta_verifier: an LLM auditor of generated criteria (`judges.llm.LLMMetaVerifier`,
     EvoRubric's meta-verifier; the run's `meta_verifier` section), None where the task's own `meta_verify` serves.
-    prompt_metrics: what `sample_groups` records about the prompts ("prompt/truncated", summed over the calls;
+    sampling_metrics: what `sample_groups` records about the prompts and samples ("prompt/truncated", summed over
+    the calls; "rollout/samples", "rollout/failed/<reason>", "rollout/null_logprobs", "rollout/stale", also sums;
     "prompt/length_max", tokens before truncation), shared by every copy of the context (`dataclasses.replace`);
     the trainer hands each step's experience a context with a fresh dict (`training.rl.sample_experience`).
     stream: the run's train stream, from which dynamic sampling's re-sampling draws the step's further generation
@@ -135,7 +138,7 @@ class RolloutContext:
     prompt_truncation: Literal["error", "left", "right", "middle"] = "middle"
     frozen_engine: Optional[RolloutEngine] = None
     meta_verifier: Optional[LLMMetaVerifier] = None
-    prompt_metrics: dict[str, float] = dataclasses.field(default_factory=dict)
+    sampling_metrics: dict[str, float] = dataclasses.field(default_factory=dict)
     stream: Optional[ExampleStream] = None
 
 
@@ -498,6 +501,12 @@ class Rollouts:
     def group_ids(self) -> np.ndarray:
         return np.array([s.prompt_index for s in self.samples], np.int32)
 
+    @property
+    def failed_b(self) -> np.ndarray:
+        """[B] bool: the failed samples (`Sample.failure`: aborted, a NaN met, a request failed), which
+        `sample_groups` keeps out of the loss."""
+        return np.array([bool(s.failure) for s in self.samples], bool)
+
 
 def padded_prompt_width(prompt_ids: Sequence[Sequence[int]]) -> int:
     """The longest prompt's length rounded up to PROMPT_WIDTH_MULTIPLE: the learner's prompt region."""
@@ -538,7 +547,7 @@ def sample_groups(prompts: Sequence[Any], context: RolloutContext, step: int, *,
 
     Prompts are capped here, for every recipe and role: a prompt longer than `context.max_prompt_tokens` is
     truncated (`truncate_prompt`, mode `context.prompt_truncation`) and sent to the engine as its truncated token
-    ids, and counted in `context.prompt_metrics["prompt/truncated"]`; "prompt/length_max" is the longest prompt
+    ids, and counted in `context.sampling_metrics["prompt/truncated"]`; "prompt/length_max" is the longest prompt
     before truncation.
 
     A recipe that samples several times in one step (one call per role, a refinement pass) gives each call its
@@ -553,7 +562,7 @@ def sample_groups(prompts: Sequence[Any], context: RolloutContext, step: int, *,
     params = dataclasses.replace(context.sampling, seed=seed)
     prompts = list(prompts)
     prompt_ids = [prompt_token_ids(prompt, context.tokenizer, context.chat_template_kwargs) for prompt in prompts]
-    recorded = context.prompt_metrics
+    recorded = context.sampling_metrics
     recorded["prompt/length_max"] = max(recorded.get("prompt/length_max", 0), max(len(ids) for ids in prompt_ids))
     recorded.setdefault("prompt/truncated", 0)
     limit = context.max_prompt_tokens
@@ -561,8 +570,10 @@ def sample_groups(prompts: Sequence[Any], context: RolloutContext, step: int, *,
         if limit is not None and len(ids) > limit:
             prompt_ids[p] = prompts[p] = truncate_prompt(ids, limit, context.prompt_truncation)
             recorded["prompt/truncated"] += 1
+    version = context.engine.weight_version
     with context.timer.phase("generation"):
         samples = context.engine.generate(prompts, params)
+    record_samples(recorded, samples, version)
     prompt_width = padded_prompt_width(prompt_ids)
     response_width = params.max_new_tokens
     batch = train_step.pack_sequences(
@@ -574,8 +585,31 @@ def sample_groups(prompts: Sequence[Any], context: RolloutContext, step: int, *,
     )
     rollout = RolloutBatch.from_samples(samples, context.pad_id, response_width)
     batch["rollout_logp_bt"] = np.pad(rollout.logprobs_bt, ((0, 0), (prompt_width, 0)))
+    batch["response_mask_bt"] &= ~np.array([bool(s.failure) for s in samples])[:, None]
     texts = [response_text(context.tokenizer, s.output_ids) for s in samples]
     return Rollouts(samples=samples, texts=texts, batch=batch, prompt_width=prompt_width)
+
+
+def record_samples(recorded: dict[str, float], samples: Sequence[Sample], version: str) -> None:
+    """Adds one engine call's samples to `RolloutContext.sampling_metrics`: "rollout/samples", the failed ones by
+    reason ("rollout/failed/<reason>", `Sample.failure`), the logprobs the server sent as null (-inf) in the
+    others ("rollout/null_logprobs"), and the samples any of whose tokens came from weights other than `version`,
+    the engine's when the call started ("rollout/stale": a weight update landed during the call)."""
+    recorded["rollout/samples"] = recorded.get("rollout/samples", 0) + len(samples)
+    for sample in samples:
+        if sample.failure:
+            key = f"rollout/failed/{sample.failure}"
+            recorded[key] = recorded.get(key, 0) + 1
+    null_logprobs = sum(int(np.isneginf(s.logprobs).sum()) for s in samples if not s.failure and s.logprobs)
+    recorded["rollout/null_logprobs"] = recorded.get("rollout/null_logprobs", 0) + null_logprobs
+    recorded["rollout/stale"] = recorded.get("rollout/stale", 0) + len(stale_samples(samples, version))
+
+
+def failure_rate(metrics: Mapping[str, float]) -> Optional[float]:
+    """The share of a step's samples that failed, from its `record_samples` counts; None without samples."""
+    total = metrics.get("rollout/samples", 0)
+    failed = sum(value for key, value in metrics.items() if key.startswith("rollout/failed/"))
+    return failed / total if total else None
 
 
 def concat_batches(parts: Sequence[tuple[Mapping[str, np.ndarray], int]], pad_id: int) -> tuple[dict, int]:
@@ -626,20 +660,43 @@ def rollout_requests(examples: Sequence[Any], rollouts: Rollouts, task: Task) ->
     return requests
 
 
-def judge_requests(requests: Sequence[JudgeRequest], context: RolloutContext, max_items: int) -> Verdicts:
-    """The context's judge on `requests` in one call, timed as the "judging" phase: verdicts [len, max_items]."""
+def judge_requests(requests: Sequence[JudgeRequest], context: RolloutContext, max_items: int,
+                   failed_b: Optional[np.ndarray] = None) -> Verdicts:
+    """The context's judge on `requests` in one call, timed as the "judging" phase: verdicts [len, max_items].
+    A request about a failed sample (`failed_b`, [len] bool; None: none) is not sent: its verdict is a failure
+    with reason FAILED_SAMPLE, so the recipe's `on_judge_failure` decides its group's statistics (the sample
+    itself is out of the loss already)."""
+    failed_b = np.zeros(len(requests), bool) if failed_b is None else np.asarray(failed_b, bool)
+    sent = np.flatnonzero(~failed_b)
     with context.timer.phase("judging"):
-        return context.judge.judge(requests, max_items)
+        if len(sent) == len(requests):
+            return context.judge.judge(requests, max_items)
+        judged = context.judge.judge([requests[i] for i in sent], max_items) if len(sent) else None
+    return with_failed_samples(judged, sent, len(requests), max_items)
+
+
+def with_failed_samples(judged: Optional[Verdicts], sent: np.ndarray, total: int, max_items: int) -> Verdicts:
+    """Verdicts [total, max_items] whose rows `sent` are `judged`'s, in order, and the others failures with reason
+    FAILED_SAMPLE."""
+    satisfied = np.zeros((total, max_items), np.float32)
+    steps = np.full((total, max_items), -1, np.int32)
+    reasons, details, answers = [FAILED_SAMPLE] * total, [""] * total, [""] * total
+    if judged is not None:
+        satisfied[sent], steps[sent] = judged.satisfied_bk, judged.item_step_bk
+        for i, row in enumerate(sent):
+            reasons[row], details[row], answers[row] = judged.reasons[i], judged.details[i], judged.answers[i]
+    return Verdicts(satisfied, steps, np.array([bool(r) for r in reasons]), tuple(reasons), tuple(details),
+                    tuple(answers))
 
 
 def judge_rollouts(
     examples: Sequence[Any], rollouts: Rollouts, context: RolloutContext, max_items: int
 ) -> tuple[Verdicts, list[Rubric]]:
-    """Every rollout judged against its example's rubric (`rollout_requests`); returns the verdicts
-    [B, max_items] and each row's rubric. A recipe that hands the rollout log its values judges through
-    `judge_groups`, which keeps the requests."""
+    """Every rollout judged against its example's rubric (`rollout_requests`; failed samples not sent:
+    `judge_requests`); returns the verdicts [B, max_items] and each row's rubric. A recipe that hands the rollout
+    log its values judges through `judge_groups`, which keeps the requests."""
     requests = rollout_requests(examples, rollouts, context.task)
-    return judge_requests(requests, context, max_items), [r.rubric for r in requests]
+    return judge_requests(requests, context, max_items, rollouts.failed_b), [r.rubric for r in requests]
 
 
 def judge_groups(groups: "GroupBatch", context: RolloutContext, max_items: int) -> "GroupBatch":
@@ -647,7 +704,8 @@ def judge_groups(groups: "GroupBatch", context: RolloutContext, max_items: int) 
     [B, max_items], each row's rubric and each row's judge request (the object the judge was handed, which
     `recipe_values` pairs with the row's values)."""
     requests = rollout_requests(groups.examples, groups.rollouts, context.task)
-    return dataclasses.replace(groups, verdicts=judge_requests(requests, context, max_items),
+    verdicts = judge_requests(requests, context, max_items, groups.rollouts.failed_b)
+    return dataclasses.replace(groups, verdicts=verdicts,
                                rubrics=[r.rubric for r in requests], requests=requests)
 
 
@@ -700,11 +758,14 @@ def criterion_metrics(verdicts: Verdicts, rubrics: Sequence[Rubric], task: Any =
 
 def rubric_metrics(verdicts: Verdicts, rubrics: Sequence[Rubric], task: Any = None) -> dict[str, float]:
     """Per-criterion satisfaction rates (`criterion_metrics`: "rubric/<name>", "rubric/tag/<tag>"), and judge
-    failures: "judge/failure_rate", "judge/failed/<reason>"."""
+    failures: "judge/failure_rate", "judge/failed/<reason>", over the rollouts sent to the judge (a failed sample's
+    FAILED_SAMPLE verdict is the engine's failure, counted under "rollout/failed/")."""
     metrics = criterion_metrics(verdicts, rubrics, task)
-    metrics["judge/failure_rate"] = float(np.mean(verdicts.failed_b)) if len(rubrics) else 0.0
+    sent_b = np.array([reason != FAILED_SAMPLE for reason in verdicts.reasons], bool)
+    metrics["judge/failure_rate"] = float(np.mean(verdicts.failed_b[sent_b])) if sent_b.any() else 0.0
     for reason, count in verdicts.failure_counts().items():
-        metrics[f"judge/failed/{reason}"] = float(count)
+        if reason != FAILED_SAMPLE:
+            metrics[f"judge/failed/{reason}"] = float(count)
     return metrics
 
 

@@ -419,7 +419,7 @@ class EvoRubric(base.Algorithm):
                                  reference=task.reference(examples[s.prompt_index]), num_steps=len(split_steps(text)),
                                  conversation=conversations[s.prompt_index])
                     for s, text in zip(reasoner.samples, reasoner.texts)]
-        verdicts = base.judge_requests(requests, context, max(len(r.criteria) for r in rubrics))
+        verdicts = base.judge_requests(requests, context, max(len(r.criteria) for r in rubrics), reasoner.failed_b)
         judged = ~verdicts.failed_b
 
         # 5-7. Score matrix, variance filter, LOO consensus, generator reward (eq 3).

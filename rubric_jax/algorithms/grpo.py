@@ -122,8 +122,9 @@ class GRPO(base.GroupRecipe):
         return dataclasses.replace(groups, extras={"greedy_baseline_b": greedy_p[groups.rollouts.group_ids]})
 
     def reward(self, groups: base.GroupBatch, context: base.RolloutContext) -> tuple[np.ndarray, np.ndarray]:
-        """Step 2: 1 for a right answer, 0 otherwise, [B] float32; every row valid."""
-        return groups.correct_b.astype(np.float32), np.ones(len(groups.correct_b), bool)
+        """Step 2: 1 for a right answer, 0 otherwise, [B] float32; every row valid but a failed sample's (the
+        engine's failure, not the policy's: out of its group's statistics)."""
+        return groups.correct_b.astype(np.float32), ~groups.rollouts.failed_b
 
     def advantage(self, reward_b: np.ndarray, group_ids: np.ndarray, valid_b: np.ndarray,
                   groups: base.GroupBatch) -> np.ndarray:

@@ -293,7 +293,7 @@ class RGRGRPO(base.Algorithm):
         # 1-3: G rollouts per prompt, judged and rewarded.
         rollouts = base.sample_groups([context.task.prompt(e) for e in examples], context, step)
         requests = base.rollout_requests(examples, rollouts, context.task)
-        verdicts = base.judge_requests(requests, context, config.max_items)
+        verdicts = base.judge_requests(requests, context, config.max_items, rollouts.failed_b)
         rubrics = [r.rubric for r in requests]
         items = _rubric_items(rubrics, config.max_items, config.criteria)
         counted_bk = items[2]
@@ -367,7 +367,7 @@ class RGRGRPO(base.Algorithm):
                                      max_prompt_tokens=self.config.refinement_max_prompt_tokens)
         refined = base.sample_groups(refine_prompts, single, step, stream=1)
         requests = base.rollout_requests(refined_examples, refined, context.task)
-        verdicts = base.judge_requests(requests, context, self.config.max_items)
+        verdicts = base.judge_requests(requests, context, self.config.max_items, refined.failed_b)
         batch, response_width = rows.batch, context.sampling.max_new_tokens
         prompt_ids = [batch["tokens_bt"][r, :prompt_width][batch["attention_mask_bt"][r, :prompt_width]]
                       for r in target_rows]

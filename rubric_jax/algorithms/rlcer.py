@@ -244,7 +244,8 @@ def judge_rubrics(examples: Sequence[Any], reasoner: base.Rollouts, table: Rubri
     asked_pkn, known_pkn = np.zeros(v_pkn.shape, bool), np.zeros(v_pkn.shape, bool)
     if not requests:
         return Judgements(v_pkn, known_pkn, np.ones((num_questions, num_rollouts), bool), None)
-    verdicts = base.judge_requests(requests, context, max(len(slots) for _, _, slots in targets))
+    failed_b = reasoner.failed_b[[b for _, b, _ in targets]]
+    verdicts = base.judge_requests(requests, context, max(len(slots) for _, _, slots in targets), failed_b)
     for i, (q, b, slots) in enumerate(targets):
         n = b % num_rollouts
         v_pkn[q, slots, n] = verdicts.satisfied_bk[i, :len(slots)]

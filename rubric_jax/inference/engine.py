@@ -8,12 +8,16 @@ Conventions (those of SGLang's native `/generate`, REFERENCE.md section 3, so bo
   `stop_token_ids`) that token IS included, in `output_ids` and `logprobs` alike; `finish_reason` is "stop" and
   `matched_stop` the token id. Stopping on a stop string gives "stop" with the string as `matched_stop`; the
   tokens up to and including the one that completed the string are kept (the string is trimmed from `text`
-  only). Reaching `max_new_tokens` gives "length" and `matched_stop` None. "abort": the server aborted it.
+  only). Reaching `max_new_tokens` gives "length" and `matched_stop` None. "abort": a failed sample
+  (`Sample.failure` says why: aborted, a NaN met, its request failed), which no recipe trains on.
 - `logprobs[i]` is log pi(output_ids[i]) under the sampling policy, log_softmax(logits / temperature), before any
   top-k / top-p filtering (temperature 0 counts as 1), which is what the learner recomputes with
   `rubric_jax.models.logprobs.sequence_logprobs(..., temperature=temperature)`.
-- `weight_version` names the weights that produced the sample, so rollouts of a stale policy are detectable
+- `weight_version` names the weights the engine served when the sample was sent, and `weight_versions` the
+  versions that produced its tokens when the engine knows them, so rollouts of a stale policy are detectable
   (`stale_samples`).
+- Each sample has its own seed (`sample_seeds`), so the samples of one prompt differ whatever the engine does
+  with a shared seed, and a call is reproducible from its seed.
 """
 
 import abc
@@ -157,13 +161,20 @@ class SamplingParams:
 class Sample:
     """One completion (see the module docstring for the conventions).
 
-    prompt_index:   index into the prompts of the call.
-    output_ids:     response token ids; the stop token is included when the sample stopped on a token.
-    logprobs:       one float per output id: log pi(token) under the sampling policy.
-    finish_reason:  "stop" | "length" | "abort".
-    matched_stop:   the stop token id (int) or stop string (str) that ended it, else None.
-    weight_version: the weights that produced it.
-    text:           the decoded response with a matched stop string and what follows trimmed, or None.
+    prompt_index:    index into the prompts of the call.
+    output_ids:      response token ids; the stop token is included when the sample stopped on a token.
+    logprobs:        one float per output id: log pi(token) under the sampling policy (-inf where a server sent
+                     none: SGLang encodes -inf as null).
+    finish_reason:   "stop" | "length" | "abort" (a failed sample: `failure` says why).
+    matched_stop:    the stop token id (int) or stop string (str) that ended it, else None.
+    weight_version:  the weights the engine served when the sample was sent.
+    text:            the decoded response with a matched stop string and what follows trimmed, or None.
+    weight_versions: the versions whose weights produced its tokens, in token order, when the engine reports them
+                     (SGLang's per-token spans); () = all of `weight_version`.
+    failure:         "" for a sample to train on, else why it failed: "abort" (the server aborted it), "nan" (the
+                     server met a NaN or out-of-vocabulary token), or the reason its request failed for good
+                     ("http_<status>", "timeout", "connection", "malformed"). A failed sample's finish_reason is
+                     "abort", and a sample with finish_reason "abort" has a failure ("abort" when none is given).
     """
 
     prompt_index: int
@@ -173,6 +184,8 @@ class Sample:
     matched_stop: Union[int, str, None]
     weight_version: str
     text: Optional[str] = None
+    weight_versions: tuple[str, ...] = ()
+    failure: str = ""
 
     def __post_init__(self):
         if len(self.output_ids) != len(self.logprobs):
@@ -182,6 +195,21 @@ class Sample:
             )
         if self.finish_reason not in FINISH_REASONS:
             raise ValueError(f"Sample finish_reason must be one of {FINISH_REASONS}, got {self.finish_reason!r}")
+        if self.failure and self.finish_reason != "abort":
+            raise ValueError(f"a failed sample ({self.failure}) has finish_reason abort, got {self.finish_reason!r}")
+        if self.finish_reason == "abort" and not self.failure:
+            object.__setattr__(self, "failure", "abort")
+
+    @property
+    def versions(self) -> tuple[str, ...]:
+        """The weight versions that produced the sample's tokens (`weight_versions`, else `weight_version`)."""
+        return self.weight_versions or (self.weight_version,)
+
+
+def failed_samples(prompt_index: int, count: int, failure: str, weight_version: str) -> list[Sample]:
+    """`count` empty failed samples of prompt `prompt_index` (a request that failed for good)."""
+    return [Sample(prompt_index=prompt_index, output_ids=(), logprobs=(), finish_reason="abort", matched_stop=None,
+                   weight_version=weight_version, text="", failure=failure) for _ in range(count)]
 
 
 def prompt_token_ids(prompt: Prompt, tokenizer: Optional["PreTrainedTokenizerBase"],
@@ -239,8 +267,9 @@ def sample_seeds(seed: int, count: int) -> list[int]:
 
 
 def stale_samples(samples: Sequence[Sample], current_version: str) -> list[int]:
-    """Indices of the samples produced by a weight version other than `current_version`."""
-    return [i for i, sample in enumerate(samples) if sample.weight_version != current_version]
+    """Indices of the samples any of whose tokens a weight version other than `current_version` produced
+    (`Sample.versions`: a sample that spanned a weight update is stale)."""
+    return [i for i, sample in enumerate(samples) if any(v != current_version for v in sample.versions)]
 
 
 @dataclasses.dataclass(frozen=True)

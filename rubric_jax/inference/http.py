@@ -289,23 +289,23 @@ class JsonHttpClient:
             except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, OSError) as error:
                 raise _AttemptError("connection", True, detail=f"{type(error).__name__}: {error}") from error
 
-    def _count_error(self, path: str, error: _AttemptError, attempt: int) -> None:
+    def _count_error(self, path: str, error: _AttemptError, attempt: int, max_attempts: int) -> None:
         self.stats.errors_by_reason[error.reason] += 1
         # Collapsed: a dead server fails every attempt of every request, so only the 1st, 10th, 100th, ...
         # failure of each (path, reason) is a warning, with the count; the rest are debug lines.
         self._failures_seen[path, error.reason] += 1
         count = self._failures_seen[path, error.reason]
         _LOG.log(collapsed_level(count), "%s%s attempt %d/%d failed: %s %s (failure %d of this kind)", self.base_url,
-                 path, attempt, self.retry.max_attempts, error.reason, error.detail, count)
+                 path, attempt, max_attempts, error.reason, error.detail, count)
 
-    async def _post_json(self, path: str, body: bytes, validate: Callable[[Any], T]) -> T:
+    async def _post_json(self, path: str, body: bytes, validate: Callable[[Any], T], retry: RetryPolicy) -> T:
         self.stats.requests += 1
-        for attempt in range(1, self.retry.max_attempts + 1):
+        for attempt in range(1, retry.max_attempts + 1):
             if attempt > 1:
                 self.stats.retries += 1
             self.stats.attempts += 1
             try:
-                status, data = await self._attempt("POST", path, body, self.retry.timeout_s)
+                status, data = await self._attempt("POST", path, body, retry.timeout_s)
                 if not 200 <= status < 300:
                     raise _AttemptError(f"http_{status}", status >= 500, status, _detail(data))
                 try:
@@ -313,11 +313,11 @@ class JsonHttpClient:
                 except MalformedResponse as error:
                     raise _AttemptError("malformed", True, status, str(error)) from error
             except _AttemptError as error:
-                self._count_error(path, error, attempt)
-                if not error.retryable or attempt == self.retry.max_attempts:
+                self._count_error(path, error, attempt, retry.max_attempts)
+                if not error.retryable or attempt == retry.max_attempts:
                     self.stats.failures += 1
                     raise RequestFailed(path, attempt, error.reason, error.status, error.detail) from None
-                await asyncio.sleep(self.retry.backoff_s(attempt, self._rng))
+                await asyncio.sleep(retry.backoff_s(attempt, self._rng))
         raise AssertionError("unreachable: the loop returns or raises")
 
     async def _get(self, path: str) -> tuple[int, bytes]:
@@ -326,7 +326,7 @@ class JsonHttpClient:
         try:
             return await self._attempt("GET", path, None, self.retry.timeout_s)
         except _AttemptError as error:
-            self._count_error(path, error, 1)
+            self._count_error(path, error, 1, 1)
             self.stats.failures += 1
             raise RequestFailed(path, 1, error.reason, detail=error.detail) from None
 
@@ -358,12 +358,15 @@ class JsonHttpClient:
 
     # ------------------------------------------------------------------------------------------ public API
 
-    async def post_json(self, path: str, payload: Any, validate: Callable[[Any], T] = _identity) -> T:
+    async def post_json(self, path: str, payload: Any, validate: Callable[[Any], T] = _identity, *,
+                        retry: Optional[RetryPolicy] = None) -> T:
         """POSTs `payload` as JSON to `path` and returns `validate(body)` of the parsed answer. `validate` runs
         on the client's loop; it raises MalformedResponse for a wrong shape (retried) and must not block.
-        RequestFailed when the request does not succeed; ValueError at once for a payload that is not JSON."""
+        `retry` replaces the client's policy for this request (e.g. one attempt for a request that must not be
+        sent twice). RequestFailed when the request does not succeed; ValueError at once for a payload that is
+        not JSON."""
         body = json.dumps(payload, allow_nan=False).encode()
-        return await self._on_client_loop(self._post_json(path, body, validate))
+        return await self._on_client_loop(self._post_json(path, body, validate, retry or self.retry))
 
     async def get(self, path: str) -> tuple[int, bytes]:
         """One GET of `path` (a probe: not retried by this client): the status and body, whatever the status.

@@ -1,29 +1,48 @@
 """`SGLangEngine`: the rollout engine served by an SGLang server over HTTP, and a launcher for such a server.
 
-The wire format is SGLang's native `/generate` (observed on sglang 0.5.23; REFERENCE.md section 3):
-- Request: `input_ids` as a batch (a list of token-id lists), `sampling_params` (`SamplingParams.to_sglang`,
-  with `n`), `return_logprob: true` and `logprob_start_len: -1` (logprobs of the output tokens only), and
-  `extra_key` set to the engine's weight version, which namespaces the server's prefix cache so that a request
-  made after a weight update never reuses KV computed by the old weights (the cache is not flushed: see below).
-- Response: a flat list of len(batch) * n samples, prompt-major, each `{text, output_ids, meta_info: {id,
-  finish_reason, prompt_tokens, completion_tokens, cached_tokens, weight_version, output_token_logprobs:
-  [[logprob, token_id, text_or_null], ...]}}`; `finish_reason` is `{"type": "length", "length": N}`,
-  `{"type": "stop", "matched": token_id_or_str}` or `{"type": "abort", "message": ...}`; a sample that stopped
-  on a token (EOS or a stop token id) includes it in output_ids, completion_tokens and the logprobs.
-Every field used is validated (`parse_generate_response`); a body that does not match raises
-`MalformedResponse`, which the client retries like a 5xx. Aborted samples are returned as such (finish_reason
-"abort"), for the algorithm to drop.
-
-A call is split into requests of at most `max_prompts_per_request` prompts (x n samples each), at most
-`max_in_flight` of them on the wire at once (the client's bound), retried by the client's `RetryPolicy`.
-
-Weight sync (`update_weights`): the policy is written as a Hugging Face checkpoint (`save_hf_checkpoint`) to
-`weight_dir / version`, then POST `/update_weights_from_disk` with `weight_version=version`, `flush_cache=False`
-and `abort_all_requests=False`: flushing the cache while requests run breaks SGLang's scheduler, and requests in
-flight finish on whichever weights the server holds. Each sample carries the server's `meta_info.weight_version`,
-so rollouts that come back from an old version are detectable (`engine.stale_samples(samples,
-engine.weight_version)`). The server must see `weight_dir` at the same path (same host or shared filesystem).
-Once the server has loaded a version, the directories of the versions this engine wrote before are deleted.
+What SGLang 0.5.23 does (read in its source: `entrypoints/http_server.py`, `managers/io_struct.py`,
+`tokenizer_manager.py`, `sampling/`, `layers/sampler.py`, `schedule_batch.py`; REFERENCE.md section 3), and what
+this engine does about it:
+- Seeds. `sampling_params.sampling_seed` is ignored unless the server runs with `--enable-deterministic-inference`
+  (recommended for RL, with `--rl-on-policy-target`); with it, the `n` samples of one request share the seed and
+  positions, so they are all identical. So the engine never sends n > 1: a prompt's request holds the prompt once
+  per sample, each copy with n = 1 and its own `sampling_seed` (`engine.sample_seeds` of the call's seed, the seeds
+  the embedded engine uses), so a group's samples differ under any server flags, and a deterministic server
+  makes the call reproducible from its seed. (The radix cache prefills the shared prompt once either way.)
+- Wire format. Request: `input_ids` (the copies), `sampling_params` (a list, one object per copy:
+  `SamplingParams.to_sglang` with n = 1), `return_logprob: true` and `logprob_start_len: -1` (logprobs of the
+  output tokens only), and `extra_key` set to the engine's weight version, which namespaces the server's prefix
+  cache so that a request made after a weight update never reuses KV computed by the old weights. Response: a list
+  of one object per copy, `{text, output_ids, meta_info: {id, finish_reason, prompt_tokens, completion_tokens,
+  cached_tokens, weight_version, weight_versions, output_token_logprobs: [[logprob, token_id, text_or_null],
+  ...]}}`; `finish_reason` is `{"type": "length", "length": N}`, `{"type": "stop", "matched": token_id_or_str}`
+  or `{"type": "abort", "message": ...}`; a sample that stopped on a token includes it in output_ids,
+  completion_tokens and the logprobs. Every field used is validated (`parse_generate_response`); a body that does
+  not match raises `MalformedResponse`, which the client retries like a 5xx.
+- Corrupted samples. A NaN or out-of-vocabulary token is replaced by a stop id and reported as a stop on the
+  string "NaN happened": read as a failed sample (`Sample.failure` "nan"). An aborted sample is failed too
+  ("abort"). A -inf logprob arrives as null: read as -inf (the sample is kept; the learner's mismatch metrics and
+  corrections skip non-finite logprobs). Recipes keep failed samples out of the loss (`algorithms.base`).
+- Aborts with a status. An abort that carries a 4xx/5xx status (an over-long prompt, a bad parameter) turns the
+  whole `/generate` request into an HTTP error, which is why each prompt has its own request: a request that
+  fails for good (a 4xx at once, or out of retries) gives its prompt n failed samples with the request's reason
+  ("http_400", "timeout", ...) and the other prompts' samples come back; the trainer counts them
+  (`rollout/failed/<reason>`) and stops the run when they pass its budget (`RolloutConfig.max_failure_rate`).
+- Weight versions. `meta_info.weight_version` is the server's version when the output is sent: a sample that
+  spanned an update reads as the newer one. `meta_info.weight_versions: [{version, start, end}]` gives per-token
+  spans; the engine keeps their versions (`Sample.weight_versions`), so such a sample is stale
+  (`engine.stale_samples`).
+- Weight sync (`update_weights`). The policy is written as a Hugging Face checkpoint (`save_hf_checkpoint`) to
+  `weight_dir / version`. Unless generation is paused, `/update_weights_from_disk` takes a writer lock and waits
+  for every running request to finish on the old weights; so the engine pauses generation first
+  (`/pause_generation`, `pause_mode`), loads, and continues (`/continue_generation`), even when the load fails.
+  The load is posted once, with a timeout sized to the checkpoint (`weight_load_timeout_s`): a retry would queue
+  a second load. When no answer comes, the engine asks `/model_info` until the server serves the new version (or
+  the timeout passes again), and it always confirms the served version there before adopting it. The load sends
+  `flush_cache: false` and `abort_all_requests: false` (the namespaced cache makes a flush unneeded). After a
+  load the server's model path (and `/v1/models` id) is that version's directory, so it is kept until a later
+  version has loaded; a directory the server may still be reading (a load that did not answer) is kept too.
+  The server must see `weight_dir` at the same path (same host or shared filesystem).
 
 Launching (`sglang_launch_command`, `launch_sglang_server`): `python -m sglang.launch_server` for a model
 directory, bound to 127.0.0.1 unless told otherwise (SGLang's endpoints, weight updates included, have no
@@ -33,6 +52,7 @@ authentication by default). GPU/TPU hosts only; sglang is an optional extra this
 import asyncio
 import dataclasses
 import functools
+import logging
 import math
 import os
 import shutil
@@ -41,10 +61,14 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Coroutine, Mapping, Optional, Sequence, Union
 
-from rubric_jax.inference.engine import FINISH_REASONS, Prompt, RolloutEngine, Sample, SamplingParams, prompt_token_ids
-from rubric_jax.inference.http import ClientStats, JsonHttpClient, MalformedResponse, RetryPolicy, decode_json
+import numpy as np
+
+from rubric_jax.inference.engine import (FINISH_REASONS, Prompt, RolloutEngine, Sample, SamplingParams, failed_samples,
+                                         prompt_token_ids, sample_seeds)
+from rubric_jax.inference.http import (ClientStats, JsonHttpClient, MalformedResponse, RequestFailed, RetryPolicy,
+                                       decode_json)
 from rubric_jax.models.safetensors_io import save_hf_checkpoint
 
 if TYPE_CHECKING:
@@ -55,7 +79,14 @@ if TYPE_CHECKING:
 # A logprob above 0 is impossible; this much is tolerated as rounding.
 LOGPROB_TOLERANCE = 1e-3
 MAX_TOKEN_ID = 2**31 - 1  # token ids must fit the learner's int32 arrays
-DEFAULT_MAX_PROMPTS_PER_REQUEST = 4
+# SGLang's `finish_reason.matched` for a sample that met a NaN or an out-of-vocabulary token (its
+# `Req.check_finished` replaces the token by a stop id).
+NAN_MATCHED = "NaN happened"
+PAUSE_MODES = ("retract", "in_place", "abort")
+WEIGHT_LOAD_BASE_S = 120.0
+WEIGHT_LOAD_BYTES_PER_S = 100 * 2**20
+_VERSION_POLL_S = 0.5
+_LOG = logging.getLogger(__name__)
 _LOG_TAIL_CHARS = 4000
 
 
@@ -87,18 +118,19 @@ def _as_logprob(value: Any) -> Optional[float]:
 
 
 def generate_payload(
-    prompt_ids: Sequence[Sequence[int]], params: SamplingParams, *, extra_stop_token_ids: Sequence[int] = (),
-    cache_key: Optional[str] = None,
+    prompt_ids: Sequence[int], params: SamplingParams, seeds: Sequence[int], *,
+    extra_stop_token_ids: Sequence[int] = (), cache_key: Optional[str] = None,
 ) -> dict[str, Any]:
-    """The body of one batched `/generate` request (module docstring). `extra_stop_token_ids` are added to the
-    call's `stop_token_ids` (the engine's own EOS ids); `cache_key`, when given, is sent as `extra_key`."""
-    sampling_params = params.to_sglang()
+    """The body of one prompt's `/generate` request (module docstring): the prompt once per seed, each copy with
+    n = 1 and its own `sampling_seed`. `extra_stop_token_ids` are added to the call's `stop_token_ids` (the
+    engine's own EOS ids); `cache_key`, when given, is sent as `extra_key`."""
+    sampling_params = dataclasses.replace(params, n=1, seed=None).to_sglang()
     stop_token_ids = list(params.stop_token_ids) + [i for i in extra_stop_token_ids if i not in params.stop_token_ids]
     if stop_token_ids:
         sampling_params["stop_token_ids"] = stop_token_ids
     payload = {
-        "input_ids": [list(ids) for ids in prompt_ids],
-        "sampling_params": sampling_params,
+        "input_ids": [list(prompt_ids) for _ in seeds],
+        "sampling_params": [{**sampling_params, "sampling_seed": int(seed)} for seed in seeds],
         "return_logprob": True,
         "logprob_start_len": -1,
     }
@@ -107,27 +139,30 @@ def generate_payload(
     return payload
 
 
-def _parse_finish_reason(value: Any, output_ids: list[int], where: str) -> tuple[str, Union[int, str, None]]:
-    """(finish_reason, matched_stop) of a `meta_info.finish_reason` object."""
+def _parse_finish_reason(value: Any, output_ids: list[int], where: str) -> tuple[str, Union[int, str, None], str]:
+    """(finish_reason, matched_stop, failure) of a `meta_info.finish_reason` object."""
     _require(isinstance(value, dict) and value.get("type") in FINISH_REASONS,
              f"{where}: finish_reason must be an object with type in {FINISH_REASONS}, got {value!r}")
     kind = value["type"]
     if kind == "length":
         _require(_is_int(value.get("length")), f"{where}: a length finish_reason needs an int length, got {value!r}")
-        return kind, None
+        return kind, None, ""
     if kind == "abort":
-        return kind, None
+        return kind, None, "abort"
     matched = value.get("matched")
     _require(matched is None or _is_int(matched) or isinstance(matched, str),
              f"{where}: finish_reason.matched must be a token id, a string or null, got {matched!r}")
+    if matched == NAN_MATCHED:  # a NaN or out-of-vocabulary token, replaced by a stop id: not a sample
+        return "abort", None, "nan"
     if _is_int(matched):  # SGLang keeps the stop token: it ends output_ids
         _require(bool(output_ids) and output_ids[-1] == matched,
                  f"{where}: stopped on token {matched} but output_ids do not end with it")
-    return kind, matched
+    return kind, matched, ""
 
 
 def _parse_logprobs(value: Any, output_ids: list[int], where: str) -> tuple[float, ...]:
-    """The logprobs of `[[logprob, token_id, text_or_null], ...]`, checked against output_ids."""
+    """The logprobs of `[[logprob, token_id, text_or_null], ...]`, checked against output_ids; a null logprob
+    is -inf (SGLang's JSON encoding of it)."""
     if value is None and not output_ids:  # e.g. a request aborted before its first token
         return ()
     _require(isinstance(value, list) and len(value) == len(output_ids),
@@ -135,12 +170,29 @@ def _parse_logprobs(value: Any, output_ids: list[int], where: str) -> tuple[floa
     logprobs = []
     for t, (entry, token_id) in enumerate(zip(value, output_ids)):
         _require(isinstance(entry, list) and len(entry) >= 2, f"{where}: logprob entry {t} is not [logprob, id, ...]")
-        logprob = _as_logprob(entry[0])
-        _require(logprob is not None, f"{where}: logprob {t} must be a finite number <= 0, got {entry[0]!r}")
+        logprob = -math.inf if entry[0] is None else _as_logprob(entry[0])
+        _require(logprob is not None, f"{where}: logprob {t} must be a finite number <= 0 or null, got {entry[0]!r}")
         _require(_is_int(entry[1]) and entry[1] == token_id,
                  f"{where}: logprob entry {t} is for token {entry[1]!r}, output_ids has {token_id}")
         logprobs.append(logprob)
     return tuple(logprobs)
+
+
+def _parse_weight_versions(value: Any, num_tokens: int, where: str) -> tuple[str, ...]:
+    """The versions of `meta_info.weight_versions` spans `[{version, start, end}, ...]` in token order
+    (consecutive repeats merged); () when absent (an older server)."""
+    if value is None:
+        return ()
+    _require(isinstance(value, list), f"{where}: weight_versions must be a list of spans, got {value!r}")
+    versions: list[str] = []
+    for span in value:
+        _require(isinstance(span, dict) and isinstance(span.get("version"), str) and _is_int(span.get("start"))
+                 and _is_int(span.get("end")) and 0 <= span["start"] <= span["end"] <= num_tokens,
+                 f"{where}: a weight_versions span must be {{version, start, end}} within {num_tokens} tokens, "
+                 f"got {span!r}")
+        if not versions or versions[-1] != span["version"]:
+            versions.append(span["version"])
+    return tuple(versions)
 
 
 def parse_sample(value: Any, prompt_index: int, params: SamplingParams) -> Sample:
@@ -155,7 +207,7 @@ def parse_sample(value: Any, prompt_index: int, params: SamplingParams) -> Sampl
              f"{where}: {len(output_ids)} output ids, more than max_new_tokens={params.max_new_tokens}")
     meta_info = value.get("meta_info")
     _require(isinstance(meta_info, dict), f"{where}: meta_info must be an object")
-    finish_reason, matched_stop = _parse_finish_reason(meta_info.get("finish_reason"), output_ids, where)
+    finish_reason, matched_stop, failure = _parse_finish_reason(meta_info.get("finish_reason"), output_ids, where)
     _require(meta_info.get("completion_tokens") == len(output_ids) and _is_int(meta_info.get("completion_tokens")),
              f"{where}: completion_tokens {meta_info.get('completion_tokens')!r} != {len(output_ids)} output ids")
     weight_version = meta_info.get("weight_version")
@@ -170,18 +222,19 @@ def parse_sample(value: Any, prompt_index: int, params: SamplingParams) -> Sampl
         matched_stop=matched_stop,
         weight_version=weight_version,
         text=text,
+        weight_versions=_parse_weight_versions(meta_info.get("weight_versions"), len(output_ids), where),
+        failure=failure,
     )
 
 
-def parse_generate_response(body: Any, num_prompts: int, params: SamplingParams, first_prompt_index: int = 0
+def parse_generate_response(body: Any, prompt_index: int, num_samples: int, params: SamplingParams
                             ) -> list[Sample]:
-    """The samples of a batched `/generate` answer for `num_prompts` prompts: a flat prompt-major list of
-    num_prompts * params.n sample objects, numbered from `first_prompt_index`. MalformedResponse otherwise."""
-    expected = num_prompts * params.n
-    _require(isinstance(body, list) and len(body) == expected,
-             f"/generate must answer a list of {expected} samples, got "
+    """The `num_samples` samples of one prompt's `/generate` answer (a list of sample objects, one per copy of
+    the prompt), as samples of prompt `prompt_index`. MalformedResponse otherwise."""
+    _require(isinstance(body, list) and len(body) == num_samples,
+             f"/generate must answer a list of {num_samples} samples, got "
              + (f"{len(body)}" if isinstance(body, list) else type(body).__name__))
-    return [parse_sample(value, first_prompt_index + i // params.n, params) for i, value in enumerate(body)]
+    return [parse_sample(value, prompt_index, params) for value in body]
 
 
 def parse_weights_update(body: Any) -> str:
@@ -201,6 +254,20 @@ def parse_model_info(body: Any) -> str:
     return body["weight_version"]
 
 
+class _NotLoaded(RuntimeError):
+    """The server answered that it did not load a version."""
+
+
+def weight_load_timeout_s(num_bytes: int) -> float:
+    """How long a weight load of a `num_bytes` checkpoint may take: WEIGHT_LOAD_BASE_S plus the bytes read at
+    WEIGHT_LOAD_BYTES_PER_S (a slow shared filesystem's rate), e.g. 280 s for an 8B model in bfloat16."""
+    return WEIGHT_LOAD_BASE_S + num_bytes / WEIGHT_LOAD_BYTES_PER_S
+
+
+def _directory_bytes(directory: Path) -> int:
+    return sum(path.stat().st_size for path in directory.rglob("*") if path.is_file())
+
+
 def _check_version_name(version: str) -> None:
     if not isinstance(version, str) or not version or version in (".", "..") or "/" in version or os.sep in version:
         raise ValueError(f"version must be a non-empty string usable as a directory name, got {version!r}")
@@ -212,18 +279,24 @@ def _check_version_name(version: str) -> None:
 class SGLangEngine(RolloutEngine):
     """A `RolloutEngine` over an SGLang server at `base_url` (module docstring).
 
-    tokenizer:               renders chat-message prompts (`engine.prompt_token_ids`) here, with
-                             `chat_template_kwargs` as the template's variables; None = token ids only.
-    weight_dir:              where `update_weights` writes checkpoints (None: update_weights is a ValueError).
-    max_in_flight, retry, headers, seed: the `JsonHttpClient`'s (seed: its jitter).
-    eos_token_ids:           stop tokens sent with every request besides the call's `stop_token_ids` (the
-                             server stops on the model's own EOS ids anyway; these make sure, e.g. for a chat
-                             model whose generation_config lacks its end-of-turn id).
-    max_prompts_per_request: prompts per `/generate` request (each with n samples).
-    weight_dtype:            dtype of the written checkpoints (e.g. jnp.bfloat16); None = the parameters'.
-    health_timeout_s:        the constructor waits this long for GET /health (None: no wait), then reads the
-                             served weight version from GET /model_info.
-    namespace_cache:         send the weight version as `extra_key` (module docstring).
+    tokenizer:             renders chat-message prompts (`engine.prompt_token_ids`) here, with
+                           `chat_template_kwargs` as the template's variables; None = token ids only.
+    weight_dir:            where `update_weights` writes checkpoints (None: update_weights is a ValueError).
+    max_in_flight, retry, headers: the `JsonHttpClient`'s.
+    seed:                  the client's jitter, and the call seeds: with `SamplingParams.seed` None, call i is
+                           seeded from (seed, i), as the embedded engine's (None counts as 0).
+    eos_token_ids:         stop tokens sent with every request besides the call's `stop_token_ids` (the server
+                           stops on the model's own EOS ids anyway; these make sure, e.g. for a chat model whose
+                           generation_config lacks its end-of-turn id).
+    weight_dtype:          dtype of the written checkpoints (e.g. jnp.bfloat16); None = the parameters'.
+    health_timeout_s:      the constructor waits this long for GET /health (None: no wait), then reads the served
+                           weight version from GET /model_info.
+    namespace_cache:       send the weight version as `extra_key` (module docstring).
+    pause_mode:            `/pause_generation`'s mode around a weight update: "retract" (requests in flight go
+                           back to the queue and resume on the new weights, their KV recomputed), "in_place" (they
+                           resume with the KV of the old weights) or "abort" (they end as aborted samples).
+    weight_load_timeout_s: how long a weight load may take before the engine asks the server which version it
+                           serves; None = sized to the checkpoint (`weight_load_timeout_s`).
     """
 
     def __init__(
@@ -236,24 +309,31 @@ class SGLangEngine(RolloutEngine):
         max_in_flight: int = 64,
         retry: RetryPolicy = RetryPolicy(),
         eos_token_ids: Sequence[int] = (),
-        max_prompts_per_request: int = DEFAULT_MAX_PROMPTS_PER_REQUEST,
         weight_dtype: Optional[Any] = None,
         headers: Optional[Mapping[str, str]] = None,
         seed: Optional[int] = None,
         health_timeout_s: Optional[float] = 600.0,
         namespace_cache: bool = True,
+        pause_mode: str = "retract",
+        weight_load_timeout_s: Optional[float] = None,
     ):
-        if not _is_int(max_prompts_per_request) or max_prompts_per_request < 1:
-            raise ValueError(f"max_prompts_per_request must be an int >= 1, got {max_prompts_per_request!r}")
         if any(not _is_int(i) or i < 0 for i in eos_token_ids):
             raise ValueError(f"eos_token_ids must be non-negative token ids, got {eos_token_ids!r}")
+        if pause_mode not in PAUSE_MODES:
+            raise ValueError(f"pause_mode must be one of {PAUSE_MODES}, got {pause_mode!r}")
+        if weight_load_timeout_s is not None and not weight_load_timeout_s > 0:
+            raise ValueError(f"weight_load_timeout_s must be None or > 0, got {weight_load_timeout_s!r}")
         self.tokenizer = tokenizer
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.weight_dir = Path(weight_dir) if weight_dir is not None else None
         self.eos_token_ids = tuple(eos_token_ids)
-        self.max_prompts_per_request = max_prompts_per_request
         self.weight_dtype = weight_dtype
         self.namespace_cache = namespace_cache
+        self.pause_mode = pause_mode
+        self.weight_load_timeout_s = weight_load_timeout_s
+        self.seed = 0 if seed is None else seed
+        self._num_calls = 0
+        self._pauses = True  # False once the server has no /pause_generation (an older release)
         self.client = JsonHttpClient(base_url, max_in_flight=max_in_flight, retry=retry, headers=headers, seed=seed)
         self._written_versions: list[Path] = []
         try:
@@ -269,19 +349,22 @@ class SGLangEngine(RolloutEngine):
         _require(status == 200, f"/model_info answered {status}")
         return parse_model_info(decode_json(body))
 
+    def _call_seed(self) -> int:
+        self._num_calls += 1
+        return int(np.random.SeedSequence((self.seed, self._num_calls)).generate_state(1)[0])
+
     async def agenerate(self, prompts: Sequence[Prompt], params: SamplingParams) -> list[Sample]:
-        """len(prompts) * params.n samples, prompt-major, from requests of at most `max_prompts_per_request`
-        prompts sent concurrently. RequestFailed when a request fails for good (the others are cancelled)."""
+        """len(prompts) * params.n samples, prompt-major, from one request per prompt (its n samples, each with its
+        own seed: `engine.sample_seeds`), sent concurrently. A request that fails for good gives its prompt n
+        failed samples (`Sample.failure` the request's reason, e.g. "http_400") and the call goes on."""
         prompt_ids = [prompt_token_ids(prompt, self.tokenizer, self.chat_template_kwargs) for prompt in prompts]
-        cache_key = self.weight_version if self.namespace_cache else None
-        step = self.max_prompts_per_request
-        tasks = []
-        for start in range(0, len(prompt_ids), step):
-            chunk = prompt_ids[start:start + step]
-            payload = generate_payload(chunk, params, extra_stop_token_ids=self.eos_token_ids, cache_key=cache_key)
-            validate = functools.partial(parse_generate_response, num_prompts=len(chunk), params=params,
-                                         first_prompt_index=start)
-            tasks.append(asyncio.ensure_future(self.client.post_json("/generate", payload, validate)))
+        seed = params.seed if params.seed is not None else self._call_seed()
+        seeds = sample_seeds(seed, len(prompt_ids) * params.n)
+        version = self.weight_version
+        cache_key = version if self.namespace_cache else None
+        tasks = [asyncio.ensure_future(self._prompt_samples(
+            p, ids, params, seeds[p * params.n:(p + 1) * params.n], cache_key, version))
+            for p, ids in enumerate(prompt_ids)]
         try:
             results = await asyncio.gather(*tasks)
         except BaseException:
@@ -290,6 +373,18 @@ class SGLangEngine(RolloutEngine):
             raise
         return [sample for samples in results for sample in samples]
 
+    async def _prompt_samples(self, prompt_index: int, prompt_ids: list[int], params: SamplingParams,
+                              seeds: Sequence[int], cache_key: Optional[str], version: str) -> list[Sample]:
+        payload = generate_payload(prompt_ids, params, seeds, extra_stop_token_ids=self.eos_token_ids,
+                                   cache_key=cache_key)
+        validate = functools.partial(parse_generate_response, prompt_index=prompt_index, num_samples=len(seeds),
+                                     params=params)
+        try:
+            return await self.client.post_json("/generate", payload, validate)
+        except RequestFailed as error:
+            _LOG.warning("prompt %d failed: %s", prompt_index, error)
+            return failed_samples(prompt_index, len(seeds), error.reason, version)
+
     def generate(self, prompts: Sequence[Prompt], params: SamplingParams) -> list[Sample]:
         """`agenerate` run on the client's event loop (see `http.JsonHttpClient.run_sync` for calls from inside
         a running loop)."""
@@ -297,13 +392,55 @@ class SGLangEngine(RolloutEngine):
 
     def update_weights(self, model: "Decoder", version: str) -> None:
         """Writes `model` to `weight_dir / version` and has the server load it as `version` (module docstring);
-        `weight_version` is `version` once the server confirms. RequestFailed / RuntimeError when the server
-        does not load it (the engine's version is then unchanged)."""
+        `weight_version` is `version` once the server confirms it serves it. RuntimeError when the server does
+        not load it (the engine's version is then unchanged)."""
         if self.weight_dir is None:
             raise ValueError("update_weights needs an engine built with weight_dir")
         _check_version_name(version)
         directory = (self.weight_dir / version).resolve()
         save_hf_checkpoint(model, directory, dtype=self.weight_dtype, overwrite=True)
+        timeout_s = self.weight_load_timeout_s or weight_load_timeout_s(_directory_bytes(directory))
+        try:
+            self.client.run_sync(self._paused(self._load(directory, version, timeout_s)))
+        except _NotLoaded:
+            if directory not in self._written_versions:
+                shutil.rmtree(directory, ignore_errors=True)
+            raise
+        except BaseException:
+            # The server may still be loading it: the directory stays until a later sync has loaded.
+            if directory not in self._written_versions:
+                self._written_versions.append(directory)
+            raise
+        self.weight_version = version
+        for old in self._written_versions:
+            if old != directory:
+                shutil.rmtree(old, ignore_errors=True)
+        self._written_versions = [directory]
+
+    async def _paused(self, load: Coroutine[Any, Any, None]) -> None:
+        """Runs `load` with the server's generation paused (`pause_mode`), so that the load does not wait for
+        the requests in flight; generation continues afterwards, whatever happened."""
+        if self._pauses:
+            try:
+                await self.client.post_json("/pause_generation", {"mode": self.pause_mode})
+            except RequestFailed as error:
+                if error.status != 404:
+                    load.close()
+                    raise
+                self._pauses = False
+                _LOG.warning("%s has no /pause_generation (an older SGLang): a weight load waits for the requests "
+                             "in flight to finish", self.client.base_url)
+        if not self._pauses:
+            return await load
+        try:
+            await load
+        finally:
+            await self.client.post_json("/continue_generation", {})
+
+    async def _load(self, directory: Path, version: str, timeout_s: float) -> None:
+        """POST /update_weights_from_disk once (a second attempt would queue a second load); when its answer does
+        not come, asks /model_info until the server serves `version` or `timeout_s` more pass. Then confirms the
+        served version."""
         payload = {
             "model_path": str(directory),
             "load_format": "auto",
@@ -312,16 +449,29 @@ class SGLangEngine(RolloutEngine):
             "abort_all_requests": False,
         }
         try:
-            self.client.run_sync(self.client.post_json("/update_weights_from_disk", payload, parse_weights_update))
-        except BaseException:
-            if directory not in self._written_versions:
-                shutil.rmtree(directory, ignore_errors=True)
-            raise
-        self.weight_version = version
-        for old in self._written_versions:
-            if old != directory:
-                shutil.rmtree(old, ignore_errors=True)
-        self._written_versions = [directory]
+            await self.client.post_json("/update_weights_from_disk", payload, parse_weights_update,
+                                        retry=RetryPolicy(max_attempts=1, timeout_s=timeout_s))
+        except RequestFailed as error:
+            if error.status is not None and 400 <= error.status < 500:
+                raise _NotLoaded(f"the server did not load version {version}: {error}") from None
+            _LOG.warning("no answer to the load of version %s (%s); asking the server which version it serves",
+                         version, error.reason)
+            await self._await_version(version, timeout_s)
+        served = await self._served_version()
+        if served != version:
+            raise RuntimeError(f"the server serves version {served!r} after loading {version!r}")
+
+    async def _await_version(self, version: str, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                if await self._served_version() == version:
+                    return
+            except (RequestFailed, MalformedResponse):
+                pass
+            await asyncio.sleep(_VERSION_POLL_S)
+        raise RuntimeError(f"the server did not confirm weight version {version} within {timeout_s:.0f} s; its "
+                           "checkpoint is kept until a later sync loads")
 
     def close(self) -> None:
         """Closes the HTTP client (the server keeps running)."""

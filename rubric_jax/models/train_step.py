@@ -111,13 +111,15 @@ def with_detached_old_logprobs(loss_fn: TokenLossFn) -> TokenLossFn:
     mini-batch), so a ratio is exp(logp - sg(logp)) = 1 with the gradient of logp, and the separate forward pass
     that computes the old logprobs is not needed. Wrap it outermost, so every wrapper below reads these old
     logprobs. When the batch holds "rollout_logp_bt" (the engine's), adds the token metric "mismatch_k3",
-    exp(d) - 1 - d with d = old - rollout logprob: the k3 estimate of KL(engine || learner) per token."""
+    exp(d) - 1 - d with d = old - rollout logprob: the k3 estimate of KL(engine || learner) per token (0 where the
+    engine's logprob is not finite)."""
 
     def detached(logp_bt, entropy_bt, batch):
         old_logp_bt = jax.lax.stop_gradient(logp_bt)
         loss_bt, metrics = loss_fn(logp_bt, entropy_bt, {**batch, "old_logp_bt": old_logp_bt})
         if "rollout_logp_bt" in batch:
-            delta_bt = jnp.where(batch["response_mask_bt"], old_logp_bt - batch["rollout_logp_bt"], 0)
+            usable_bt = batch["response_mask_bt"] & jnp.isfinite(batch["rollout_logp_bt"])
+            delta_bt = jnp.where(usable_bt, old_logp_bt - batch["rollout_logp_bt"], 0)
             metrics = {**metrics, "mismatch_k3": jnp.expm1(delta_bt) - delta_bt}
         return loss_bt, metrics
 

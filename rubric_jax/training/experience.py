@@ -5,7 +5,7 @@ judge, meta-verifier and engine made as the step's metrics."""
 import dataclasses
 from typing import Optional
 
-from rubric_jax.algorithms.base import Experience, RolloutContext
+from rubric_jax.algorithms.base import Experience, RolloutContext, failure_rate
 from rubric_jax.judges.records import JudgedRollout, RecordingJudge, with_recipe_values
 from rubric_jax.training.metrics import PhaseTimer
 
@@ -15,7 +15,8 @@ class SampledExperience:
     """One step's experience as the learner takes it (`sample_experience`): the recipe's output, the entries it
     adds to the step's metrics line (the recipe's metrics, the prompt metrics, "time/generation" and
     "time/judging", "rollout/weight_step": the updates of the weights it was sampled from, "rollout/policy_lag":
-    the step's updates before it minus those, the judge's and the meta-verifier's calls of the step as
+    the step's updates before it minus those, the samples' counts (`algorithms.base.record_samples`) and
+    "rollout/failure_rate" (the failed samples' share), the judge's and the meta-verifier's calls of the step as
     `call_metrics`), and its judged rollouts to log (None when the step logs none), each with the recipe's
     reward, advantage and group of the rollout it judged (`JudgedRollout.values`, from `Experience.recipe_values`)."""
 
@@ -33,7 +34,7 @@ def sample_experience(algorithm, examples: list, context: RolloutContext, record
     and records its prompt metrics apart from the learner, so it may run in a background thread while the learner
     updates (`RolloutConfig.overlap`)."""
     timer = PhaseTimer()
-    context = dataclasses.replace(context, timer=timer, prompt_metrics={})
+    context = dataclasses.replace(context, timer=timer, sampling_metrics={})
     keeps = logs_rollouts or keeps_samples
     callers = {"judge": recorder, "meta_verifier": context.meta_verifier}
     calls_before = {name: caller.call_counts() for name, caller in callers.items() if caller is not None}
@@ -43,8 +44,11 @@ def sample_experience(algorithm, examples: list, context: RolloutContext, record
     finally:
         recorder.recording = False
     times = {name: seconds for name, seconds in timer.metrics().items() if name != "time/step"}
-    metrics = {**experience.metrics, **{name: float(value) for name, value in context.prompt_metrics.items()},
+    metrics = {**experience.metrics, **{name: float(value) for name, value in context.sampling_metrics.items()},
                **times, "rollout/weight_step": float(weight_step), "rollout/policy_lag": float(step - weight_step)}
+    rate = failure_rate(metrics)
+    if rate is not None:
+        metrics["rollout/failure_rate"] = rate
     for name, before in calls_before.items():
         metrics.update(call_metrics(name, before, callers[name].call_counts()))
     # Attached now, while the recorded requests are the live objects the recipe sent (matched by identity).

@@ -21,8 +21,9 @@ from rubric_jax.training.run_config import CriticConfig, RLConfig
 
 def mismatch_metrics(batch: dict[str, np.ndarray], old_logp_bt: np.ndarray) -> dict[str, float]:
     """How far the engine's logprobs are from the learner's on the same tokens: the k3 estimate of
-    KL(engine || learner) and the largest absolute difference (0 up to numerics for the embedded engine)."""
-    mask = batch["response_mask_bt"]
+    KL(engine || learner) and the largest absolute difference (0 up to numerics for the embedded engine), over the
+    response tokens whose engine logprob is finite (a server sends -inf as null: `inference.sglang`)."""
+    mask = batch["response_mask_bt"] & np.isfinite(batch["rollout_logp_bt"])
     if not mask.any():
         return {}
     delta = (old_logp_bt - batch["rollout_logp_bt"])[mask].astype(np.float64)

@@ -78,7 +78,7 @@ from rubric_jax.training import assembly, data_parallel, policy, runs
 from rubric_jax.training.checkpoint import Checkpointer
 from rubric_jax.training.evaluate import evaluate, evaluate_benchmarks
 from rubric_jax.training.experience import SampledExperience, request_metrics, sample_experience
-from rubric_jax.training.failure_budget import JudgeFailureBudget
+from rubric_jax.training.failure_budget import FailureBudget, judge_failure_budget, rollout_failure_budget
 from rubric_jax.training.launch import check_frozen_engine, check_llm_roles, check_rubric_width, prompt_refusal
 from rubric_jax.training.learner import Learner, learn
 from rubric_jax.training.metrics import DEFAULT_CONSOLE_KEYS, MetricsWriter, PhaseTimer
@@ -351,12 +351,12 @@ class _Run:
     writer: MetricsWriter
     checkpointer: Checkpointer
     pending: Optional[SampledExperience]  # the next step's experience, when sampled ahead (`RolloutConfig.overlap`)
-    judge_budget: JudgeFailureBudget = dataclasses.field(init=False)
+    budgets: tuple[FailureBudget, ...] = dataclasses.field(init=False)
     data_metrics: dict[str, float] = dataclasses.field(init=False)
     requests_seen: dict[str, dict[str, int]] = dataclasses.field(init=False)  # each HTTP client's reported counts
 
     def __post_init__(self):
-        self.judge_budget = JudgeFailureBudget(self.config.judge)
+        self.budgets = (judge_failure_budget(self.config.judge), rollout_failure_budget(self.config.rollout))
         self.data_metrics = self.task.data_metrics() if hasattr(self.task, "data_metrics") else {}
         self.requests_seen = {"judge": {}, "meta_verifier": {}, "engine": {}}
 
@@ -378,7 +378,8 @@ class _Run:
         step_started = time.monotonic()
         sampled = self.step_experience(step)
         upcoming = self.sample_ahead(step, background)
-        self.judge_budget.observe(sampled.metrics, step + 1)
+        for budget in self.budgets:
+            budget.observe(sampled.metrics, step + 1)
         learned = learn(self.learner, self.state, sampled.experience, step, self.context.pad_id, self.timer)
         self.wait_for(upcoming)
         self.sync(step)

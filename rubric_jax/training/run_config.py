@@ -125,7 +125,12 @@ class RolloutConfig:
     (metrics "rollout/policy_lag", "rollout/weight_step"), so a `rollout_correction` (TIS, ICEPOP) should
     weight it. The run stays a function of (seed, step), and a checkpoint keeps the experience sampled ahead
     (`training.rl`). Either engine works; the embedded one shares the learner's devices, so only an SGLang
-    server gains time."""
+    server gains time.
+
+    A failed sample (aborted by the server, a NaN met, its request failed for good: `inference.engine.Sample`) is
+    kept out of the loss and its group handled as a judge failure is (`algorithms.base.judge_requests`), counted
+    in "rollout/failed/<reason>" and "rollout/failure_rate"; a rate above `max_failure_rate` on
+    `max_failing_steps` consecutive steps stops the run (`training.failure_budget`; 1.0 turns that off)."""
 
     engine: Literal["embedded", "sglang"] = "embedded"
     sglang_url: Optional[str] = None
@@ -140,8 +145,13 @@ class RolloutConfig:
     top_k: int = -1
     max_batch_size: Optional[int] = None
     overlap: bool = False
+    max_failure_rate: float = 0.5
+    max_failing_steps: int = 3
 
     def __post_init__(self):
+        _require(0 <= self.max_failure_rate <= 1, f"rollout.max_failure_rate must be in [0, 1], got "
+                                                  f"{self.max_failure_rate}")
+        _require(self.max_failing_steps >= 1, f"rollout.max_failing_steps must be >= 1, got {self.max_failing_steps}")
         for name in ("prompts_per_step", "group_size", "max_new_tokens"):
             _require(getattr(self, name) >= 1, f"{name} must be >= 1, got {getattr(self, name)}")
         _require(self.max_prompt_tokens is None or self.max_prompt_tokens >= 1,

@@ -111,7 +111,7 @@ RELAUNCH_SAFE_KEYS = (
     "rollout.sglang_url", "rollout.frozen_sglang_url",
     *(f"{section}.{key}" for section in ("judge", "meta_verifier")
       for key in ("url", "max_in_flight", "max_attempts", "timeout_s", "api_key_env", "headers")),
-    "judge.max_failure_rate", "judge.max_failing_steps",
+    "judge.max_failure_rate", "judge.max_failing_steps", "rollout.max_failure_rate", "rollout.max_failing_steps",
 )
 
 

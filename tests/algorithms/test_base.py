@@ -174,15 +174,18 @@ def test_sample_groups_truncates_prompts_over_the_cap_and_counts_them():
     assert rollouts.prompt_width == padded_prompt_width([long_ids[-cap:]])
     np.testing.assert_array_equal(rollouts.batch["tokens_bt"][2:, rollouts.prompt_width - cap:rollouts.prompt_width],
                                   [long_ids[-cap:]] * 2)
-    assert context.prompt_metrics == {"prompt/truncated": 1, "prompt/length_max": len(long_ids)}
+    assert context.sampling_metrics == {"prompt/truncated": 1, "prompt/length_max": len(long_ids),
+                                        "rollout/samples": 4, "rollout/null_logprobs": 0, "rollout/stale": 0}
     sample_groups([long, long], context, step=1)  # counts add up over the calls of a step
-    assert context.prompt_metrics == {"prompt/truncated": 3, "prompt/length_max": len(long_ids)}
+    assert context.sampling_metrics == {"prompt/truncated": 3, "prompt/length_max": len(long_ids),
+                                        "rollout/samples": 8, "rollout/null_logprobs": 0, "rollout/stale": 0}
 
     uncapped = RolloutContext(engine=EchoEngine(), tokenizer=tokenizer, task=task, judge=None, pad_id=0, seed=0,
                               sampling=SamplingParams(max_new_tokens=2, n=2), timer=PhaseTimer())
     assert sample_groups([short, long], uncapped, step=0).prompt_width == padded_prompt_width([long_ids])
     assert uncapped.engine.calls == [[short, long]]
-    assert uncapped.prompt_metrics == {"prompt/truncated": 0, "prompt/length_max": len(long_ids)}
+    assert {k: v for k, v in uncapped.sampling_metrics.items() if k.startswith("prompt/")} == {
+        "prompt/truncated": 0, "prompt/length_max": len(long_ids)}
     with pytest.raises(ValueError, match="exceeds max_prompt_tokens"):
         sample_groups([long], dataclasses.replace(context, prompt_truncation="error"), step=0)
 

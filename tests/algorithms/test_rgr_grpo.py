@@ -459,8 +459,8 @@ def test_the_question_cap_does_not_cut_refinement_prompts(tokenizer):
     question = max(len(prompt_token_ids(task.prompt(e), tokenizer)) for e in (A, B))
     capped = dataclasses.replace(scripted_context(tokenizer), max_prompt_tokens=question, prompt_truncation="error")
     result = RGRGRPO(RGRGRPOConfig(**PAPER_OFF)).experience([A, B], capped, step=0)
-    assert result.batch["off_policy_b"].sum() == 1 and capped.prompt_metrics["prompt/truncated"] == 0
-    assert capped.prompt_metrics["prompt/length_max"] > question  # the refinement prompt, sent whole
+    assert result.batch["off_policy_b"].sum() == 1 and capped.sampling_metrics["prompt/truncated"] == 0
+    assert capped.sampling_metrics["prompt/length_max"] > question  # the refinement prompt, sent whole
     capped = dataclasses.replace(scripted_context(tokenizer), max_prompt_tokens=question, prompt_truncation="error")
     with pytest.raises(ValueError, match="exceeds max_prompt_tokens"):
         RGRGRPO(RGRGRPOConfig(refinement_max_prompt_tokens=question, **PAPER_OFF)).experience([A, B], capped, step=0)

@@ -18,7 +18,7 @@ import transformers
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rubric_jax.inference.engine import Sample, SamplingParams, stale_samples
+from rubric_jax.inference.engine import Sample, SamplingParams, sample_seeds, stale_samples
 from rubric_jax.inference.http import MalformedResponse, RequestFailed, RetryPolicy
 from rubric_jax.inference.sglang import (
     SGLangEngine,
@@ -60,7 +60,7 @@ def sglang_sample(output_ids, logprobs, finish_reason, version="v0", text="", co
     }
 
 
-# Two prompts, n = 2: EOS included on stop, a stop string, a length finish, an abort before any token.
+# One prompt's four samples: EOS included on stop, a stop string, a length finish, an abort before any token.
 BODY = [
     sglang_sample([11, 12, 2], [-0.5, -1.25, -0.125], {"type": "stop", "matched": 2}, text="ab"),
     sglang_sample([13, 14], [-2.0, -0.0], {"type": "stop", "matched": "###"}, text="c"),
@@ -81,34 +81,56 @@ def body_with(index, edit):
 # ------------------------------------------------------------------------------------------- wire format
 
 
-def test_generate_payload_is_sglangs_batched_request():
-    params = SamplingParams(max_new_tokens=16, n=4, temperature=0.7, top_p=0.9, top_k=20, stop=("###",),
+def test_generate_payload_is_one_prompt_with_a_seed_per_sample():
+    params = SamplingParams(max_new_tokens=16, n=3, temperature=0.7, top_p=0.9, top_k=20, stop=("###",),
                             stop_token_ids=(7,), seed=3)
-    payload = generate_payload([[1, 2], [3]], params, extra_stop_token_ids=(2, 7), cache_key="v3")
+    payload = generate_payload([1, 2], params, [11, 12, 13], extra_stop_token_ids=(2, 7), cache_key="v3")
+    one = {"max_new_tokens": 16, "n": 1, "temperature": 0.7, "top_p": 0.9, "top_k": 20, "stop": ["###"],
+           "stop_token_ids": [7, 2]}
     assert payload == {
-        "input_ids": [[1, 2], [3]],
-        "sampling_params": {"max_new_tokens": 16, "n": 4, "temperature": 0.7, "top_p": 0.9, "top_k": 20,
-                            "stop": ["###"], "stop_token_ids": [7, 2], "sampling_seed": 3},
+        "input_ids": [[1, 2]] * 3,
+        "sampling_params": [{**one, "sampling_seed": 11}, {**one, "sampling_seed": 12}, {**one, "sampling_seed": 13}],
         "return_logprob": True,
         "logprob_start_len": -1,
         "extra_key": "v3",
     }
-    plain = generate_payload([[1]], SamplingParams(max_new_tokens=2))
-    assert "extra_key" not in plain and "stop_token_ids" not in plain["sampling_params"]
-    penalized = generate_payload([[1]], SamplingParams(max_new_tokens=2, presence_penalty=1.5,
-                                                       repetition_penalty=1.1))
-    assert penalized["sampling_params"] == {"max_new_tokens": 2, "n": 1, "temperature": 1.0, "top_p": 1.0,
-                                            "top_k": -1, "presence_penalty": 1.5, "repetition_penalty": 1.1}
+    plain = generate_payload([1], SamplingParams(max_new_tokens=2), [5])
+    assert "extra_key" not in plain and "stop_token_ids" not in plain["sampling_params"][0]
+    penalized = generate_payload([1], SamplingParams(max_new_tokens=2, presence_penalty=1.5,
+                                                     repetition_penalty=1.1), [5])
+    assert penalized["sampling_params"] == [{"max_new_tokens": 2, "n": 1, "temperature": 1.0, "top_p": 1.0,
+                                             "top_k": -1, "presence_penalty": 1.5, "repetition_penalty": 1.1,
+                                             "sampling_seed": 5}]
+
+
+def test_sample_seeds_are_distinct_and_a_function_of_the_call_seed():
+    seeds = sample_seeds(7, 64)
+    assert len(set(seeds)) == 64 and all(0 <= seed < 2**31 for seed in seeds)
+    assert sample_seeds(7, 64) == seeds and sample_seeds(7, 3) == seeds[:3] and sample_seeds(8, 3) != seeds[:3]
 
 
 def test_parse_generate_response_hand_written():
-    samples = parse_generate_response(BODY, num_prompts=2, params=BODY_PARAMS, first_prompt_index=4)
+    samples = parse_generate_response(BODY, prompt_index=4, num_samples=4, params=BODY_PARAMS)
     assert samples == [
         Sample(4, (11, 12, 2), (-0.5, -1.25, -0.125), "stop", 2, "v0", "ab"),
         Sample(4, (13, 14), (-2.0, -0.0), "stop", "###", "v0", "c"),
-        Sample(5, (15, 16, 17, 18), (-1.0, -1.0, -3.5, -0.75), "length", None, "v0", ""),
-        Sample(5, (), (), "abort", None, "v0", ""),
+        Sample(4, (15, 16, 17, 18), (-1.0, -1.0, -3.5, -0.75), "length", None, "v0", ""),
+        Sample(4, (), (), "abort", None, "v0", "", failure="abort"),
     ]
+
+
+def test_corrupted_samples_are_read_as_sglang_means_them():
+    """A NaN stop is a failed sample; a null logprob is -inf; weight_versions spans give the versions in order."""
+    nan_stop = body_with(0, _set(("meta_info", "finish_reason"), {"type": "stop", "matched": "NaN happened"}))
+    sample = parse_generate_response(nan_stop, 0, 4, BODY_PARAMS)[0]
+    assert (sample.finish_reason, sample.failure, sample.matched_stop) == ("abort", "nan", None)
+    null = body_with(1, _set(("meta_info", "output_token_logprobs", 0), [None, 13, None]))
+    assert parse_generate_response(null, 0, 4, BODY_PARAMS)[1].logprobs == (-math.inf, -0.0)
+    spans = [{"version": "v0", "start": 0, "end": 1}, {"version": "v1", "start": 1, "end": 3}]
+    spanned = parse_generate_response(body_with(0, _set(("meta_info", "weight_versions"), spans)), 0, 4, BODY_PARAMS)
+    assert spanned[0].weight_versions == ("v0", "v1") and spanned[0].versions == ("v0", "v1")
+    assert spanned[1].versions == ("v0",)  # no spans: its weight_version
+    assert stale_samples(spanned, "v0") == [0] and stale_samples(spanned, "v1") == [0, 1, 2, 3]
 
 
 def _set(path, value):
@@ -131,6 +153,9 @@ def _delete(path):
 
 @pytest.mark.parametrize("body, why", [
     ({"text": "a"}, "an object instead of a list"),
+    (body_with(0, _set(("meta_info", "weight_versions"), {"version": "v0"})), "spans an object"),
+    (body_with(0, _set(("meta_info", "weight_versions"), [{"version": "v0", "start": 0, "end": 9}])), "past the end"),
+    (body_with(0, _set(("meta_info", "weight_versions"), [{"version": 0, "start": 0, "end": 1}])), "a numeric version"),
     (BODY[:3], "one sample missing"),
     (BODY + BODY[:2], "too many samples"),
     (body_with(0, _set(("output_ids",), [11, 12, True])), "a bool token id"),
@@ -157,7 +182,7 @@ def _delete(path):
 ])
 def test_malformed_generate_bodies_are_rejected(body, why):
     with pytest.raises(MalformedResponse):
-        parse_generate_response(body, num_prompts=2, params=BODY_PARAMS)
+        parse_generate_response(body, prompt_index=0, num_samples=4, params=BODY_PARAMS)
 
 
 JSON = st.recursive(
@@ -196,13 +221,14 @@ def test_fuzzed_generate_bodies_parse_or_raise_malformed(data):
         else:
             parent[path[-1]] = replacement
     try:
-        samples = parse_generate_response(body, num_prompts=2, params=BODY_PARAMS)
+        samples = parse_generate_response(body, prompt_index=0, num_samples=4, params=BODY_PARAMS)
     except MalformedResponse:
         return
     assert len(samples) == 4
     for sample in samples:
         assert len(sample.output_ids) == len(sample.logprobs) <= BODY_PARAMS.max_new_tokens
-        assert all(math.isfinite(lp) for lp in sample.logprobs)
+        assert all(math.isfinite(lp) or lp == -math.inf for lp in sample.logprobs)
+        assert (sample.finish_reason == "abort") == bool(sample.failure)
 
 
 def test_parse_weights_update_and_model_info():
