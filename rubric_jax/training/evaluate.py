@@ -15,6 +15,8 @@ For E examples and k = `samples_per_example` samples each (greedy when temperatu
 - "eval/tag/<tag>/..." and "eval/item_tag/<tag>/points_score": per-tag breakdowns (`tag_metrics`) for
   examples and criteria that carry tags;
 - "eval/response_length": the mean number of response tokens;
+- "eval/failed_samples": the samples the engine failed (`Sample.failure`: an SGLang abort, a NaN met, a prompt's
+  request that failed for good), only when there are any; they count as wrong answers;
 - "eval/judge/failure_rate": the fraction of samples whose verdict failed (always reported, 0 when none did), and
   "eval/judge/failed/<reason>" their counts by reason; `rubric-jax eval` holds the rate to the judge's failure
   budget (`benchmark.judge_failure`), the RL trainer logs it with each in-training evaluation;
@@ -83,7 +85,7 @@ def evaluate(
     step = chunk_examples or max(len(examples), 1)
     rubrics_e = [task.rubric(e) for e in examples]
     max_items = max((len(r.criteria) for r in rubrics_e), default=0)
-    lengths, texts, owners, rubrics, parts = [], [], [], [], []
+    lengths, texts, owners, rubrics, parts, failed = [], [], [], [], [], 0
     for i, start in enumerate(range(0, len(examples), step)):
         chunk = examples[start:start + step]
         params = config.sampling_params(max_new_tokens, seed + i)
@@ -98,6 +100,7 @@ def evaluate(
         if on_judged is not None:
             on_judged(requests, parts[-1])
         lengths += [len(s.output_ids) for s in samples]
+        failed += sum(bool(s.failure) for s in samples)
         texts, owners, rubrics = texts + chunk_texts, owners + chunk_owners, rubrics + chunk_rubrics
         if progress is not None:
             progress(len(chunk))
@@ -115,6 +118,8 @@ def evaluate(
     if max_items:
         metrics["eval/rubric_score"] = float(scores.mean())
     metrics["eval/response_length"] = float(np.mean(lengths))
+    if failed:  # the engine's failures (`Sample.failure`), judged and counted as they came: wrong, scored 0
+        metrics["eval/failed_samples"] = float(failed)
     signed = bool((items.item_mask_bk & (items.item_weight_bk < 0)).any())
     if signed:
         metrics["eval/points_score"] = clipped_mean(points_scores(verdicts, items, items.item_mask_bk))

@@ -41,7 +41,7 @@ def numpy_overlong(lengths, max_length, buffer, factor=1.0):
 def setup():
     task = parity_task()
     model, tokenizer = tiny_policy(task)
-    context = make_context(task, model, tokenizer, seed=5)  # a seed whose responses are both long and short
+    context = make_context(task, model, tokenizer, seed=1)  # a seed whose responses and groups both vary
     examples = task.train_stream(0).next_batch(PROMPTS)
 
     def run(**changes):

@@ -909,7 +909,8 @@ def test_an_evorubric_step_on_a_dataset_task_runs_every_role_over_http(tmp_path)
         chat_models = collections.Counter(body["model"] for body in server.chat_requests)
         generate_requests = server.requests["/generate"]
 
-    assert generate_requests == 2 and script.updates == ["step-0", "step-1"]  # one call per role; two syncs
+    # one request per prompt of each role's call (2 prompts, 2 roles); two syncs
+    assert generate_requests == 4 and script.updates == ["step-0", "step-1"]
     assert sum(TABLE_5_OPENING in prompt for prompt in script.prompts) == 2 and len(script.prompts) == 4
     assert chat_models == {"meta": 2 * 4 + 1, "judge": 2 * 4 * (2 + 3) + 1}  # and each one's preflight
     assert last["meta_verifier/requests"] == 8 and last["meta_verifier/retries"] == 1

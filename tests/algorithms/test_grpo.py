@@ -124,6 +124,10 @@ class RecordingEngine:
         self.engine = engine
         self.calls = []
 
+    @property
+    def weight_version(self):
+        return self.engine.weight_version
+
     def generate(self, prompts, params):
         samples = self.engine.generate(prompts, params)
         self.calls.append((list(prompts), params, samples))

@@ -111,7 +111,7 @@ def setup():
     task = EmptyRubricTask(base.config, 0, empty=frozenset({examples[0].question}))
     model, tokenizer = tiny_policy(task)
     judge = ScriptedJudge(FAILED_ROWS)
-    context = make_context(task, model, tokenizer, judge)
+    context = make_context(task, model, tokenizer, judge, seed=1)  # a seed with stopped and truncated responses
 
     def run(**changes):
         experience = RubricGrounded(RubricGroundedConfig(**changes)).experience(examples, context, step=0)

@@ -36,10 +36,10 @@ Endpoints (what SGLang 0.5.23 answers, REFERENCE.md section 3):
 - POST /update_weights_from_disk {model_path, load_format, weight_version, flush_cache, abort_all_requests}: a
   writer lock. Unpaused, it waits until every running /generate has been answered (new ones wait behind it), then
   loads; paused, it loads at once. The load sleeps `load_delay_s` (a slow load), then reads the HF directory with
-  `load_hf_checkpoint` into the engine. Answer {success, message, num_paused_requests}; 400 with success false on
-  a bad path. SGLang keeps the old version name when `weight_version` is absent. Each request (with string
-  fields) is kept in `updates`: its body plus `waited_for_generation` (it found /generate requests running) and
-  `paused`.
+  `load_hf_checkpoint` into the engine, and runs to its end even when the client stops waiting. Answer {success,
+  message, num_paused_requests}; 400 with success false on a bad path. SGLang keeps the old version name when
+  `weight_version` is absent. Each request (with string fields) is kept in `updates`: its body plus
+  `waited_for_generation` (it found /generate requests running) and `paused`.
 - POST /pause_generation {"mode": "abort" | "retract" | "in_place"} (default "abort", another mode is a 400):
   200 {"success": true}; new /generate requests wait until POST /continue_generation (body {} or none): 200
   {"success": true}. The modes are kept in `pauses`, the continues counted in `continues`. NOT MODELLED: a running
@@ -696,15 +696,23 @@ class StandinServer:
         paused = self._paused
         self.updates.append(dict(body, waited_for_generation=not paused and self._running_generations > 0,
                                  paused=paused))
+        # A client that stops waiting does not stop the load (SGLang's scheduler finishes it): shielded.
+        failure = await asyncio.shield(asyncio.ensure_future(self._load(model_path, version, paused)))
+        if failure is not None:
+            return _weights_answer(False, f"Failed to update weights: {failure}")
+        return _weights_answer(True, "Succeeded to update model weights.")
+
+    async def _load(self, model_path: str, version: str, paused: bool) -> Optional[str]:
+        """Loads `model_path` as `version` under the weight-load gate; the error's text when it fails."""
         async with self._weight_load_slot(paused):
             if self.load_delay_s > 0:
                 await asyncio.sleep(self.load_delay_s)
             try:
                 await self._in_executor(self._load_weights, model_path, version)
             except (OSError, ValueError) as error:
-                return _weights_answer(False, f"Failed to update weights: {error}")
+                return str(error)
             self.served_model_path = model_path
-        return _weights_answer(True, "Succeeded to update model weights.")
+        return None
 
     async def _pause_generation(self, request: web.Request) -> web.Response:
         try:

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from rubric_jax.inference.engine import Sample, SamplingParams, sample_seeds, stale_samples
 from rubric_jax.inference.http import MalformedResponse, RequestFailed, RetryPolicy
 from rubric_jax.inference.sglang import (
+    WEIGHT_LOAD_BASE_S,
     SGLangEngine,
     generate_payload,
     launch_sglang_server,
@@ -28,11 +29,15 @@ from rubric_jax.inference.sglang import (
     parse_model_info,
     parse_weights_update,
     sglang_launch_command,
+    weight_load_timeout_s,
 )
 from rubric_jax.models.safetensors_io import hf_name_table, load_hf_checkpoint
 from rubric_jax.models.tokenizer import apply_chat_template, load_tokenizer
 from tests.inference import standin_server
-from tests.inference.standin_server import StandinServer, drop_connection, embedded_engine, http_error, malformed, slow
+from tests.inference.standin_server import (StandinServer, drop_connection, embedded_engine, http_error, malformed,
+                                            nan_stop, null_logprob, sample_abort, slow, spanned_versions)
+from tests.inference.test_standin_server import call, wait_for
+from tests.inference.test_standin_server import generate as raw_generate
 
 embedded_standin_module = standin_server.embedded_standin_module  # the fixtures this module uses
 embedded_standin = standin_server.embedded_standin
@@ -252,6 +257,11 @@ def make_engine(server, tmp_path=None, **kwargs):
     return SGLangEngine(server.base_url, tokenizer=server.tokenizer, weight_dir=tmp_path, **kwargs)
 
 
+def unspanned(samples):
+    """`samples` without their weight_versions spans (the embedded engine reports none), for comparisons."""
+    return [dataclasses.replace(s, weight_versions=()) for s in samples]
+
+
 @pytest.mark.parametrize("params", [
     GREEDY,
     SamplingParams(max_new_tokens=8, n=2, temperature=1.0, top_k=20, seed=5),
@@ -260,17 +270,35 @@ def make_engine(server, tmp_path=None, **kwargs):
     SamplingParams(max_new_tokens=8, n=1, temperature=0.0, frequency_penalty=0.5, repetition_penalty=1.3),
 ])
 def test_round_trip_equals_the_embedded_engine(embedded_standin, params):
-    with make_engine(embedded_standin, max_prompts_per_request=len(PROMPTS)) as engine:
+    """On a server with deterministic inference, every sample is the embedded engine's for the same seed."""
+    with make_engine(embedded_standin) as engine:
         assert engine.weight_version == "0"  # read from /model_info
         remote = engine.generate(PROMPTS, params)
     local = embedded_standin.engine.generate(PROMPTS, params)
-    assert remote == local  # ids, logprobs (exact through JSON), finish reasons, versions, text
+    assert unspanned(remote) == local  # ids, logprobs (exact through JSON), finish reasons, versions, text
+    assert {s.weight_versions for s in remote} == {("0",)}
     assert [s.prompt_index for s in remote] == [p for p in range(len(PROMPTS)) for _ in range(params.n)]
-    assert embedded_standin.requests["/generate"] == 1
+    assert embedded_standin.requests["/generate"] == len(PROMPTS)  # one request per prompt
+
+
+def test_a_groups_samples_differ_on_a_deterministic_server_and_repeat_with_the_seed(embedded_standin):
+    """SGLang with --enable-deterministic-inference gives the n samples of one seed the same tokens (the batched
+    request the engine no longer sends); the engine's per-sample seeds give a group distinct samples, and the same
+    ones again for the same seed."""
+    params = SamplingParams(max_new_tokens=8, n=4, temperature=1.0, seed=3)
+    status, shared = raw_generate(embedded_standin, [PROMPTS[0]], params.to_sglang())  # n = 4, one seed
+    assert status == 200 and len({tuple(s["output_ids"]) for s in shared}) == 1  # the server's behaviour
+    with make_engine(embedded_standin) as engine:
+        first = engine.generate(PROMPTS, params)
+        again = engine.generate(PROMPTS, params)
+        other = engine.generate(PROMPTS, dataclasses.replace(params, seed=4))
+    for p in range(len(PROMPTS)):
+        assert len({s.output_ids for s in first[4 * p:4 * p + 4]}) == 4
+    assert first == again and [s.output_ids for s in other] != [s.output_ids for s in first]
 
 
 def test_stop_token_is_included_like_sglang(embedded_standin):
-    with make_engine(embedded_standin, max_prompts_per_request=len(PROMPTS)) as engine:
+    with make_engine(embedded_standin) as engine:
         free = engine.generate(PROMPTS, GREEDY)
         stop_id = free[0].output_ids[2]
         stopped = engine.generate(PROMPTS, dataclasses.replace(GREEDY, stop_token_ids=(stop_id,)))
@@ -278,20 +306,18 @@ def test_stop_token_is_included_like_sglang(embedded_standin):
     assert stopped[0].output_ids == free[0].output_ids[:first + 1]  # the stop token is the last one kept
     assert (stopped[0].finish_reason, stopped[0].matched_stop) == ("stop", stop_id)
     assert stopped[0].logprobs == free[0].logprobs[:first + 1]
-    assert stopped == embedded_standin.engine.generate(PROMPTS, dataclasses.replace(GREEDY, stop_token_ids=(stop_id,)))
+    assert unspanned(stopped) == embedded_standin.engine.generate(
+        PROMPTS, dataclasses.replace(GREEDY, stop_token_ids=(stop_id,)))
 
 
-def test_big_calls_are_split_into_bounded_requests(embedded_standin):
+def test_requests_are_bounded_by_max_in_flight(embedded_standin):
     prompts = PROMPTS + [[15, 16], [17, 18, 19]]
-    with make_engine(embedded_standin, max_prompts_per_request=2, max_in_flight=2) as engine:
+    embedded_standin.latency_s = 0.05  # answers overlap
+    with make_engine(embedded_standin, max_in_flight=2) as engine:
         remote = engine.generate(prompts, GREEDY)
-    assert embedded_standin.requests["/generate"] == 3
-    assert embedded_standin.max_concurrent <= 2
+    assert embedded_standin.requests["/generate"] == len(prompts)
+    assert embedded_standin.max_concurrent == 2
     assert [s.prompt_index for s in remote] == [p for p in range(len(prompts)) for _ in range(GREEDY.n)]
-    local = [dataclasses.replace(s, prompt_index=start + s.prompt_index)  # the same three batches, in order
-             for start in range(0, len(prompts), 2)
-             for s in embedded_standin.engine.generate(prompts[start:start + 2], GREEDY)]
-    assert remote == local
 
 
 def test_chat_prompts_are_rendered_by_the_tokenizer(embedded_standin):
@@ -317,46 +343,60 @@ def test_engine_survives_faults_on_generate(embedded_standin):
         malformed(b"[]", "/generate"),  # JSON, but not the promised samples
         drop_connection("/generate"),
     )
-    with make_engine(embedded_standin, max_prompts_per_request=2, retry=dataclasses.replace(FAST, max_attempts=4)
-                     ) as engine:
-        assert engine.generate(PROMPTS[:2], GREEDY) == expected
+    with make_engine(embedded_standin, retry=dataclasses.replace(FAST, max_attempts=4)) as engine:
+        assert unspanned(engine.generate(PROMPTS[:2], GREEDY)) == expected
         assert engine.client.stats.errors_by_reason == {"http_500": 1, "malformed": 1, "connection": 1}
         assert engine.client.stats.retries == 3
 
 
 def test_engine_times_out_a_slow_server_and_retries(embedded_standin):
-    expected = embedded_standin.engine.generate(PROMPTS[:2], GREEDY)
+    expected = embedded_standin.engine.generate(PROMPTS[:1], GREEDY)
     embedded_standin.inject(slow(3.0, "/generate"))
     policy = RetryPolicy(max_attempts=2, initial_backoff_s=0.001, max_backoff_s=0.001, timeout_s=1.0)
     with make_engine(embedded_standin, retry=policy) as engine:
-        assert engine.generate(PROMPTS[:2], GREEDY) == expected
+        assert unspanned(engine.generate(PROMPTS[:1], GREEDY)) == expected
         assert engine.client.stats.errors_by_reason == {"timeout": 1}
 
 
-def test_engine_gives_up_after_max_attempts(embedded_standin):
+def test_a_prompt_whose_request_fails_for_good_gets_failed_samples(embedded_standin):
     embedded_standin.inject(*[http_error(503, "/generate")] * 3)
     with make_engine(embedded_standin) as engine:
-        with pytest.raises(RequestFailed) as failure:
-            engine.generate(PROMPTS[:2], GREEDY)
-        assert (failure.value.path, failure.value.reason, failure.value.attempts) == ("/generate", "http_503", 3)
+        samples = engine.generate(PROMPTS[:1], GREEDY)
         assert (engine.client.stats.failures, engine.client.stats.errors_by_reason) == (1, {"http_503": 3})
+    assert [(s.prompt_index, s.finish_reason, s.failure, s.output_ids) for s in samples] == [
+        (0, "abort", "http_503", ())] * GREEDY.n
     assert embedded_standin.requests["/generate"] == 3
 
 
-def test_a_failed_request_cancels_the_calls_other_requests(embedded_standin):
-    embedded_standin.inject(http_error(400, "/generate"))  # answered at once; the others wait out the latency
-    embedded_standin.latency_s = 30.0
-    with make_engine(embedded_standin, max_prompts_per_request=2) as engine:
-        with pytest.raises(RequestFailed, match="http_400"):
-            engine.generate(PROMPTS, GREEDY)
+def test_one_over_long_prompt_fails_only_itself(embedded_standin):
+    """SGLang answers a prompt past the context length with a 400 for its whole request: one request per prompt
+    keeps the other prompts' samples."""
+    too_long = [5] * embedded_standin.context_length
+    prompts = [PROMPTS[0], too_long, PROMPTS[1]]
+    with make_engine(embedded_standin) as engine:
+        samples = engine.generate(prompts, GREEDY)
+    failed = [s for s in samples if s.failure]
+    assert [(s.prompt_index, s.failure) for s in failed] == [(1, "http_400")] * GREEDY.n
+    kept = [s for s in samples if not s.failure]
+    expected = embedded_standin.engine.generate([PROMPTS[0], PROMPTS[1]], GREEDY)
+    assert [s.output_ids for s in kept] == [s.output_ids for s in expected]
+    assert [s.prompt_index for s in kept] == [0, 0, 2, 2]
 
-        async def tasks_left():
-            for _ in range(20):  # let the cancellations run
-                await asyncio.sleep(0)
-            return [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
 
-        assert engine.client.run_sync(tasks_left()) == []  # not left waiting for their answers
-        assert engine.client.stats.requests == 1 + 2  # /model_info, then two /generate
+def test_corrupted_samples_from_the_server_are_failed_or_minus_inf(embedded_standin):
+    """A NaN stop and an aborted sample come back failed ("nan", "abort"); a null logprob is -inf."""
+    with make_engine(embedded_standin) as engine:
+        clean = engine.generate(PROMPTS[:1], GREEDY)
+        embedded_standin.inject(nan_stop())
+        nan = engine.generate(PROMPTS[:1], GREEDY)
+        embedded_standin.inject(sample_abort())
+        aborted = engine.generate(PROMPTS[:1], GREEDY)
+        embedded_standin.inject(null_logprob())
+        null = engine.generate(PROMPTS[:1], GREEDY)
+    assert (nan[0].finish_reason, nan[0].failure) == ("abort", "nan") and nan[1] == clean[1]
+    assert (aborted[0].finish_reason, aborted[0].failure) == ("abort", "abort") and aborted[1] == clean[1]
+    assert null[0].logprobs[0] == -math.inf and null[0].logprobs[1:] == clean[0].logprobs[1:]
+    assert not null[0].failure
 
 
 def test_constructor_waits_for_health(embedded_standin):
@@ -376,20 +416,58 @@ def negated_embeddings(model_dir):
     return model
 
 
-def test_weight_sync_changes_version_and_outputs(embedded_standin, tmp_path):
+def served_path(server) -> str:
+    """The model path /v1/models names (SGLang's: the last loaded directory)."""
+    status, body = call(server, "/v1/models", method="GET")
+    assert status == 200
+    return body["data"][0]["id"]
+
+
+def test_weight_sync_pauses_loads_and_continues(embedded_standin, tmp_path):
     new_model = negated_embeddings(embedded_standin.model_path)
-    with make_engine(embedded_standin, tmp_path, max_prompts_per_request=len(PROMPTS)) as engine:
+    with make_engine(embedded_standin, tmp_path) as engine:
         before = engine.generate(PROMPTS, GREEDY)
         engine.update_weights(new_model, "step-1")
         assert engine.weight_version == embedded_standin.engine.weight_version == "step-1"
         assert (tmp_path / "step-1" / "config.json").is_file()
+        assert served_path(embedded_standin) == str((tmp_path / "step-1").resolve())
         after = engine.generate(PROMPTS, GREEDY)
         assert {s.weight_version for s in before} == {"0"} and {s.weight_version for s in after} == {"step-1"}
         assert [s.output_ids for s in after] != [s.output_ids for s in before]
-        assert after == embedded_standin.engine.generate(PROMPTS, GREEDY)  # the server serves the new weights
+        assert unspanned(after) == embedded_standin.engine.generate(PROMPTS, GREEDY)  # served: the new weights
         engine.update_weights(new_model, "step-2")
-        assert sorted(p.name for p in tmp_path.iterdir()) == ["step-2"]  # older versions are deleted
-    assert embedded_standin.requests["/update_weights_from_disk"] == 2
+        # The directory the server serves stays; the older ones go.
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["step-2"]
+        assert served_path(embedded_standin) == str((tmp_path / "step-2").resolve())
+    assert embedded_standin.pauses == ["retract", "retract"] and embedded_standin.continues == 2
+    assert [(u["weight_version"], u["paused"], u["flush_cache"]) for u in embedded_standin.updates] == [
+        ("step-1", True, False), ("step-2", True, False)]
+
+
+def test_a_load_slower_than_its_timeout_is_sent_once_and_confirmed(embedded_standin, tmp_path):
+    """The answer to a load does not come within its timeout: the engine never sends it again (that would queue a
+    second load) but asks /model_info until the server serves the version."""
+    embedded_standin.load_delay_s = 1.5
+    with make_engine(embedded_standin, tmp_path, weight_load_timeout_s=0.5) as engine:
+        engine.update_weights(negated_embeddings(embedded_standin.model_path), "step-1")
+        assert engine.weight_version == "step-1"
+        assert engine.client.stats.errors_by_reason == {"timeout": 1}
+    assert [u["weight_version"] for u in embedded_standin.updates] == ["step-1"]
+    assert embedded_standin.continues == 1 and not embedded_standin.paused
+
+
+def test_a_load_that_is_never_confirmed_fails_and_keeps_its_directory(embedded_standin, tmp_path):
+    embedded_standin.load_delay_s = 2.0
+    model = negated_embeddings(embedded_standin.model_path)
+    with make_engine(embedded_standin, tmp_path, weight_load_timeout_s=0.3) as engine:
+        with pytest.raises(RuntimeError, match="did not confirm weight version step-1"):
+            engine.update_weights(model, "step-1")
+        assert engine.weight_version == "0" and (tmp_path / "step-1" / "config.json").is_file()
+        assert not embedded_standin.paused  # generation continued
+        wait_for(lambda: embedded_standin.engine.weight_version == "step-1")  # the server's load went on
+        embedded_standin.load_delay_s = 0.0
+        engine.update_weights(model, "step-2")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-2"]
 
 
 def test_weight_sync_of_a_qwen2_model_carries_its_biases_under_hf_names(tiny_qwen2_dir, tmp_path):
@@ -401,7 +479,7 @@ def test_weight_sync_of_a_qwen2_model_carries_its_biases_under_hf_names(tiny_qwe
             proj.bias.set_value(-proj.bias.get_value())
     engine = embedded_engine(tiny_qwen2_dir)
     with StandinServer(engine, tokenizer=engine.tokenizer, model_path=str(tiny_qwen2_dir)) as server:
-        with make_engine(server, tmp_path, max_prompts_per_request=len(PROMPTS)) as client:
+        with make_engine(server, tmp_path) as client:
             before = client.generate(PROMPTS, GREEDY)
             client.update_weights(new_model, "step-1")
             after = client.generate(PROMPTS, GREEDY)
@@ -412,28 +490,38 @@ def test_weight_sync_of_a_qwen2_model_carries_its_biases_under_hf_names(tiny_qwe
                                   np.asarray(new_model.layers[1].self_attn.v_proj.bias.get_value()))
     assert type(transformers.AutoConfig.from_pretrained(tmp_path / "step-1")) is transformers.Qwen2Config
     assert [s.output_ids for s in after] != [s.output_ids for s in before]
-    assert after == engine.generate(PROMPTS, GREEDY)  # served by the synced weights
+    assert unspanned(after) == engine.generate(PROMPTS, GREEDY)  # served by the synced weights
 
 
-def test_rollouts_in_flight_during_a_weight_update_are_stale(embedded_standin, tmp_path):
+def test_a_sample_sent_after_an_update_it_did_not_use_is_stale(embedded_standin, tmp_path):
+    """A request running while the weights change: the server stamps its answer with the new version (it is the
+    version when the output is sent), but its weight_versions name the old one, so it is stale."""
     new_model = negated_embeddings(embedded_standin.model_path)
-    embedded_standin.latency_s = 0.5  # answers wait after generation: the update lands while /generate runs
-    with make_engine(embedded_standin, tmp_path, max_prompts_per_request=len(PROMPTS)) as engine:
+    embedded_standin.latency_s = 0.5  # the answer waits after generation: the update lands meanwhile
+    with make_engine(embedded_standin, tmp_path) as engine:
 
         async def update_while_generating():
-            rollout = asyncio.ensure_future(engine.agenerate(PROMPTS, GREEDY))
+            rollout = asyncio.ensure_future(engine.agenerate(PROMPTS[:1], GREEDY))
             while embedded_standin.generations_started < 1:
                 await asyncio.sleep(0.01)
-            # The server refuses to flush its cache while /generate runs: this passes only with flush_cache False.
             await asyncio.to_thread(engine.update_weights, new_model, "1")
             return await rollout
 
         samples = asyncio.run(update_while_generating())
         assert engine.weight_version == "1"
-        assert stale_samples(samples, engine.weight_version) == list(range(len(PROMPTS) * GREEDY.n))
-        fresh = engine.generate(PROMPTS, GREEDY)
+        assert [(s.weight_version, s.versions) for s in samples] == [("1", ("0",))] * GREEDY.n
+        assert stale_samples(samples, engine.weight_version) == list(range(GREEDY.n))
+        fresh = engine.generate(PROMPTS[:1], GREEDY)
         assert stale_samples(fresh, engine.weight_version) == []
-        assert stale_samples(samples + fresh, engine.weight_version) == list(range(len(samples)))
+    assert [u["paused"] for u in embedded_standin.updates] == [True]  # it did not wait for the request
+
+
+def test_a_spanned_sample_is_stale(embedded_standin):
+    embedded_standin.inject(spanned_versions("old"))
+    with make_engine(embedded_standin) as engine:
+        samples = engine.generate(PROMPTS[:1], GREEDY)
+    assert samples[0].versions == ("old", "0") and samples[0].weight_version == "0"
+    assert stale_samples(samples, "0") == [0]
 
 
 def test_bad_weight_path_is_a_400_not_retried(embedded_standin, tmp_path):
@@ -444,6 +532,18 @@ def test_bad_weight_path_is_a_400_not_retried(embedded_standin, tmp_path):
         assert (failure.value.reason, failure.value.attempts) == ("http_400", 1)
         assert '"success": false' in failure.value.detail
         assert engine.weight_version == embedded_standin.engine.weight_version == "0"
+
+
+def test_a_refused_load_deletes_its_directory_and_keeps_the_version(embedded_standin, tmp_path, monkeypatch):
+    def refuse(model_path, version):
+        raise ValueError("disk full")
+
+    monkeypatch.setattr(embedded_standin, "_load_weights", refuse)
+    with make_engine(embedded_standin, tmp_path) as engine:
+        with pytest.raises(RuntimeError, match="did not load version step-1.*disk full"):
+            engine.update_weights(negated_embeddings(embedded_standin.model_path), "step-1")
+        assert engine.weight_version == "0" and not (tmp_path / "step-1").exists()
+    assert embedded_standin.continues == 1 and not embedded_standin.paused
 
 
 def test_update_weights_rejects_bad_arguments(embedded_standin, tmp_path):
@@ -458,11 +558,18 @@ def test_update_weights_rejects_bad_arguments(embedded_standin, tmp_path):
     assert embedded_standin.requests["/update_weights_from_disk"] == 0
 
 
-@pytest.mark.parametrize("kwargs, field", [(dict(max_prompts_per_request=0), "max_prompts_per_request"),
+@pytest.mark.parametrize("kwargs, field", [(dict(pause_mode="sleep"), "pause_mode"),
+                                           (dict(weight_load_timeout_s=0), "weight_load_timeout_s"),
                                            (dict(eos_token_ids=(-1,)), "eos_token_ids")])
 def test_engine_rejects_bad_arguments(kwargs, field):
     with pytest.raises(ValueError, match=field):
         SGLangEngine("http://127.0.0.1:1", health_timeout_s=None, **kwargs)
+
+
+def test_weight_load_timeout_grows_with_the_checkpoint():
+    assert weight_load_timeout_s(0) == WEIGHT_LOAD_BASE_S
+    eight_b_bf16 = 16 * 10**9
+    assert weight_load_timeout_s(eight_b_bf16) == pytest.approx(WEIGHT_LOAD_BASE_S + eight_b_bf16 / (100 * 2**20))
 
 
 # ----------------------------------------------------------------------------------------------- launcher
@@ -515,10 +622,11 @@ def test_real_server_shapes_and_stops(real_server):
     url, model_dir = real_server
     tokenizer = load_tokenizer(model_dir) if model_dir else None
     eos = () if tokenizer is None else (tokenizer.eos_token_id,)
-    with SGLangEngine(url, tokenizer=tokenizer, eos_token_ids=eos, max_prompts_per_request=2) as engine:
+    with SGLangEngine(url, tokenizer=tokenizer, eos_token_ids=eos) as engine:
         params = SamplingParams(max_new_tokens=32, n=3, temperature=1.0)
         samples = engine.generate(PROMPTS, params)  # every body passed parse_generate_response's checks
         assert [s.prompt_index for s in samples] == [p for p in range(len(PROMPTS)) for _ in range(3)]
+        assert all(len({s.output_ids for s in samples[3 * p:3 * p + 3]}) > 1 for p in range(len(PROMPTS)))
         assert {s.weight_version for s in samples} == {engine.weight_version}
         greedy = dataclasses.replace(GREEDY, max_new_tokens=16)
         first = engine.generate(PROMPTS, greedy)
