@@ -560,18 +560,27 @@ class StandinServer:
     def _generate_entries(self, entries: Sequence[tuple[list[int], SamplingParams]], seeds: list[list[int]]
                           ) -> list[list[Sample]]:
         """Each entry's samples, one per seed (module docstring, Seeds); runs in the executor."""
-        samples_by_entry: list[list[Sample]] = []
         if isinstance(self.engine, EmbeddedEngine):
-            groups: dict[SamplingParams, list[int]] = {}
-            for e, (_, params) in enumerate(entries):
-                groups.setdefault(_shared_params(params), []).append(e)
-            samples_by_entry = [[] for _ in entries]
-            for shared, members in groups.items():
-                rows = [(entries[e][0], seed) for e in members for seed in seeds[e]]
-                samples = iter(self.engine.generate_rows(rows, shared))
-                for e in members:
-                    samples_by_entry[e] = [next(samples) for _ in seeds[e]]
-            return samples_by_entry
+            return self._generate_rows_by_params(entries, seeds)
+        return self._generate_prompt_runs(entries, seeds)
+
+    def _generate_rows_by_params(self, entries, seeds) -> list[list[Sample]]:
+        """One `generate_rows` call per group of entries whose params are equal apart from n and the seed."""
+        groups: dict[SamplingParams, list[int]] = {}
+        for e, (_, params) in enumerate(entries):
+            groups.setdefault(_shared_params(params), []).append(e)
+        samples_by_entry: list[list[Sample]] = [[] for _ in entries]
+        for shared, members in groups.items():
+            rows = [(entries[e][0], seed) for e in members for seed in seeds[e]]
+            samples = iter(self.engine.generate_rows(rows, shared))
+            for e in members:
+                samples_by_entry[e] = [next(samples) for _ in seeds[e]]
+        return samples_by_entry
+
+    def _generate_prompt_runs(self, entries, seeds) -> list[list[Sample]]:
+        """One `generate` call per run of consecutive entries with the same prompt and params equal apart from n
+        and the seed: n the run's total, the seed its first sample's."""
+        samples_by_entry: list[list[Sample]] = []
         start = 0
         while start < len(entries):
             prompt, params = entries[start]
