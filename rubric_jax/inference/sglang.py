@@ -470,7 +470,7 @@ class SGLangEngine(RolloutEngine):
             except (RequestFailed, MalformedResponse):
                 pass
             await asyncio.sleep(_VERSION_POLL_S)
-        raise RuntimeError(f"the server did not confirm weight version {version} within {timeout_s:.0f} s; its "
+        raise RuntimeError(f"the server did not confirm weight version {version} within {timeout_s:g} s; its "
                            "checkpoint is kept until a later sync loads")
 
     def close(self) -> None:

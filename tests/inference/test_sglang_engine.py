@@ -11,6 +11,7 @@ import math
 import os
 import socket
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -18,6 +19,7 @@ import transformers
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rubric_jax.algorithms.rar import RaR, RaRConfig
 from rubric_jax.inference.engine import Sample, SamplingParams, sample_seeds, stale_samples
 from rubric_jax.inference.http import MalformedResponse, RequestFailed, RetryPolicy
 from rubric_jax.inference.sglang import (
@@ -262,6 +264,19 @@ def unspanned(samples):
     return [dataclasses.replace(s, weight_versions=()) for s in samples]
 
 
+def assert_same_samples(remote, local):
+    """The server's samples are the embedded engine's: every field equal, logprobs to float tolerance (the server
+    samples each prompt in a batch of its own, and XLA's reductions may round differently per batch shape)."""
+    def fields(sample):
+        return (sample.prompt_index, sample.output_ids, sample.finish_reason, sample.matched_stop,
+                sample.weight_version, sample.text, sample.failure)
+
+    assert [fields(s) for s in remote] == [fields(s) for s in local]
+    assert all(s.weight_versions in ((), (s.weight_version,)) for s in remote)
+    for r, s in zip(remote, local):
+        np.testing.assert_allclose(r.logprobs, s.logprobs, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("params", [
     GREEDY,
     SamplingParams(max_new_tokens=8, n=2, temperature=1.0, top_k=20, seed=5),
@@ -275,7 +290,7 @@ def test_round_trip_equals_the_embedded_engine(embedded_standin, params):
         assert engine.weight_version == "0"  # read from /model_info
         remote = engine.generate(PROMPTS, params)
     local = embedded_standin.engine.generate(PROMPTS, params)
-    assert unspanned(remote) == local  # ids, logprobs (exact through JSON), finish reasons, versions, text
+    assert_same_samples(remote, local)  # ids, logprobs, finish reasons, versions, text
     assert {s.weight_versions for s in remote} == {("0",)}
     assert [s.prompt_index for s in remote] == [p for p in range(len(PROMPTS)) for _ in range(params.n)]
     assert embedded_standin.requests["/generate"] == len(PROMPTS)  # one request per prompt
@@ -285,7 +300,7 @@ def test_a_groups_samples_differ_on_a_deterministic_server_and_repeat_with_the_s
     """SGLang with --enable-deterministic-inference gives the n samples of one seed the same tokens (the batched
     request the engine no longer sends); the engine's per-sample seeds give a group distinct samples, and the same
     ones again for the same seed."""
-    params = SamplingParams(max_new_tokens=8, n=4, temperature=1.0, seed=3)
+    params = SamplingParams(max_new_tokens=8, n=4, temperature=5.0, seed=3)  # the tiny model is nearly greedy at 1
     status, shared = raw_generate(embedded_standin, [PROMPTS[0]], params.to_sglang())  # n = 4, one seed
     assert status == 200 and len({tuple(s["output_ids"]) for s in shared}) == 1  # the server's behaviour
     with make_engine(embedded_standin) as engine:
@@ -297,6 +312,28 @@ def test_a_groups_samples_differ_on_a_deterministic_server_and_repeat_with_the_s
     assert first == again and [s.output_ids for s in other] != [s.output_ids for s in first]
 
 
+def test_a_rar_step_through_a_deterministic_server_has_groups_that_differ():
+    """The issue this engine's seeds fix: through a server with deterministic inference, a GRPO-style step (RaR's
+    group-normalised rubric rewards) sees distinct responses in every group, so its advantages are not all 0."""
+    from tests.algorithms.test_grpo import PROMPTS as NUM_PROMPTS, GROUP, make_context, tiny_policy  # noqa: PLC0415
+    from tests.algorithms.test_rubric_grounded import ScriptedJudge  # noqa: PLC0415
+    from tests.training.toy_task import toy_task  # noqa: PLC0415
+
+    task = toy_task()
+    examples = task.train_stream(0).next_batch(NUM_PROMPTS)
+    model, tokenizer = tiny_policy(task)
+    context = make_context(task, model, tokenizer, ScriptedJudge())
+    with StandinServer(context.engine, tokenizer=tokenizer, deterministic_inference=True) as server, \
+            SGLangEngine(server.base_url, tokenizer=tokenizer, retry=FAST,
+                         eos_token_ids=context.engine.eos_token_ids) as engine:
+        experience = RaR(RaRConfig()).experience(examples, dataclasses.replace(context, engine=engine), step=0)
+    tokens_bt = experience.batch["tokens_bt"]
+    for start in range(0, len(tokens_bt), GROUP):
+        assert len({row.tobytes() for row in tokens_bt[start:start + GROUP]}) > 1  # no group is one response
+    assert np.abs(experience.batch["advantages_bt"]).max() > 0
+    assert server.requests["/generate"] == NUM_PROMPTS
+
+
 def test_stop_token_is_included_like_sglang(embedded_standin):
     with make_engine(embedded_standin) as engine:
         free = engine.generate(PROMPTS, GREEDY)
@@ -306,8 +343,8 @@ def test_stop_token_is_included_like_sglang(embedded_standin):
     assert stopped[0].output_ids == free[0].output_ids[:first + 1]  # the stop token is the last one kept
     assert (stopped[0].finish_reason, stopped[0].matched_stop) == ("stop", stop_id)
     assert stopped[0].logprobs == free[0].logprobs[:first + 1]
-    assert unspanned(stopped) == embedded_standin.engine.generate(
-        PROMPTS, dataclasses.replace(GREEDY, stop_token_ids=(stop_id,)))
+    assert_same_samples(stopped, embedded_standin.engine.generate(
+        PROMPTS, dataclasses.replace(GREEDY, stop_token_ids=(stop_id,))))
 
 
 def test_requests_are_bounded_by_max_in_flight(embedded_standin):
@@ -344,7 +381,7 @@ def test_engine_survives_faults_on_generate(embedded_standin):
         drop_connection("/generate"),
     )
     with make_engine(embedded_standin, retry=dataclasses.replace(FAST, max_attempts=4)) as engine:
-        assert unspanned(engine.generate(PROMPTS[:2], GREEDY)) == expected
+        assert_same_samples(engine.generate(PROMPTS[:2], GREEDY), expected)
         assert engine.client.stats.errors_by_reason == {"http_500": 1, "malformed": 1, "connection": 1}
         assert engine.client.stats.retries == 3
 
@@ -354,7 +391,7 @@ def test_engine_times_out_a_slow_server_and_retries(embedded_standin):
     embedded_standin.inject(slow(3.0, "/generate"))
     policy = RetryPolicy(max_attempts=2, initial_backoff_s=0.001, max_backoff_s=0.001, timeout_s=1.0)
     with make_engine(embedded_standin, retry=policy) as engine:
-        assert unspanned(engine.generate(PROMPTS[:1], GREEDY)) == expected
+        assert_same_samples(engine.generate(PROMPTS[:1], GREEDY), expected)
         assert engine.client.stats.errors_by_reason == {"timeout": 1}
 
 
@@ -434,7 +471,7 @@ def test_weight_sync_pauses_loads_and_continues(embedded_standin, tmp_path):
         after = engine.generate(PROMPTS, GREEDY)
         assert {s.weight_version for s in before} == {"0"} and {s.weight_version for s in after} == {"step-1"}
         assert [s.output_ids for s in after] != [s.output_ids for s in before]
-        assert unspanned(after) == embedded_standin.engine.generate(PROMPTS, GREEDY)  # served: the new weights
+        assert_same_samples(after, embedded_standin.engine.generate(PROMPTS, GREEDY))  # served: the new weights
         engine.update_weights(new_model, "step-2")
         # The directory the server serves stays; the older ones go.
         assert sorted(p.name for p in tmp_path.iterdir()) == ["step-2"]
@@ -447,8 +484,8 @@ def test_weight_sync_pauses_loads_and_continues(embedded_standin, tmp_path):
 def test_a_load_slower_than_its_timeout_is_sent_once_and_confirmed(embedded_standin, tmp_path):
     """The answer to a load does not come within its timeout: the engine never sends it again (that would queue a
     second load) but asks /model_info until the server serves the version."""
-    embedded_standin.load_delay_s = 1.5
-    with make_engine(embedded_standin, tmp_path, weight_load_timeout_s=0.5) as engine:
+    embedded_standin.load_delay_s = 2.5  # past the post's timeout, within the wait for the version (2 s more)
+    with make_engine(embedded_standin, tmp_path, weight_load_timeout_s=2.0) as engine:
         engine.update_weights(negated_embeddings(embedded_standin.model_path), "step-1")
         assert engine.weight_version == "step-1"
         assert engine.client.stats.errors_by_reason == {"timeout": 1}
@@ -490,20 +527,30 @@ def test_weight_sync_of_a_qwen2_model_carries_its_biases_under_hf_names(tiny_qwe
                                   np.asarray(new_model.layers[1].self_attn.v_proj.bias.get_value()))
     assert type(transformers.AutoConfig.from_pretrained(tmp_path / "step-1")) is transformers.Qwen2Config
     assert [s.output_ids for s in after] != [s.output_ids for s in before]
-    assert unspanned(after) == engine.generate(PROMPTS, GREEDY)  # served by the synced weights
+    assert_same_samples(after, engine.generate(PROMPTS, GREEDY))  # served by the synced weights
 
 
-def test_a_sample_sent_after_an_update_it_did_not_use_is_stale(embedded_standin, tmp_path):
+def test_a_sample_sent_after_an_update_it_did_not_use_is_stale(embedded_standin, tmp_path, monkeypatch):
     """A request running while the weights change: the server stamps its answer with the new version (it is the
     version when the output is sent), but its weight_versions name the old one, so it is stale."""
     new_model = negated_embeddings(embedded_standin.model_path)
-    embedded_standin.latency_s = 0.5  # the answer waits after generation: the update lands meanwhile
+    computed = threading.Event()
+    generate_rows = embedded_standin.engine.generate_rows
+
+    def generate_rows_and_signal(*args, **kwargs):
+        samples = generate_rows(*args, **kwargs)
+        computed.set()
+        return samples
+
+    monkeypatch.setattr(embedded_standin.engine, "generate_rows", generate_rows_and_signal)
+    embedded_standin.latency_s = 4.0  # the answer waits after generation: the update lands meanwhile
     with make_engine(embedded_standin, tmp_path) as engine:
 
         async def update_while_generating():
             rollout = asyncio.ensure_future(engine.agenerate(PROMPTS[:1], GREEDY))
-            while embedded_standin.generations_started < 1:
-                await asyncio.sleep(0.01)
+            await asyncio.to_thread(computed.wait, 60)
+            await asyncio.sleep(0.2)  # the request is in its latency wait
+            embedded_standin.latency_s = 0.0  # for the pause, the load and the continue
             await asyncio.to_thread(engine.update_weights, new_model, "1")
             return await rollout
 
