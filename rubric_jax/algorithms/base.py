@@ -665,13 +665,16 @@ def judge_requests(requests: Sequence[JudgeRequest], context: RolloutContext, ma
     """The context's judge on `requests` in one call, timed as the "judging" phase: verdicts [len, max_items].
     A request about a failed sample (`failed_b`, [len] bool; None: none) is not sent: its verdict is a failure
     with reason FAILED_SAMPLE, so the recipe's `on_judge_failure` decides its group's statistics (the sample
-    itself is out of the loss already)."""
+    itself is out of the loss already); the judge is told (`Judge.decided_without_judging`), so the rollout log
+    keeps the failed samples too."""
     failed_b = np.zeros(len(requests), bool) if failed_b is None else np.asarray(failed_b, bool)
     sent = np.flatnonzero(~failed_b)
     with context.timer.phase("judging"):
         if len(sent) == len(requests):
             return context.judge.judge(requests, max_items)
         judged = context.judge.judge([requests[i] for i in sent], max_items) if len(sent) else None
+    unsent = [requests[i] for i in np.flatnonzero(failed_b)]
+    context.judge.decided_without_judging(unsent, with_failed_samples(None, sent[:0], len(unsent), max_items))
     return with_failed_samples(judged, sent, len(requests), max_items)
 
 

@@ -266,6 +266,10 @@ class Judge(abc.ABC):
         it with concurrent requests."""
         return self.judge(requests, max_items)
 
+    def decided_without_judging(self, requests: Sequence[JudgeRequest], verdicts: Verdicts) -> None:
+        """Verdicts a caller decided without asking this judge (a failed sample's, `algorithms.base.judge_requests`):
+        nothing to do by default; a recorder (`records.RecordingJudge`) keeps them with the judged ones."""
+
     def http_stats(self) -> Optional[ClientStats]:
         """The request counters (retries, failures) of the judge's HTTP client; None for judges without one."""
         return None

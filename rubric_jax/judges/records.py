@@ -275,6 +275,9 @@ class RecordingJudge(Judge):
     async def ajudge(self, requests: Sequence[JudgeRequest], max_items: int) -> Verdicts:
         return self._keep(requests, await self.inner.ajudge(requests, max_items))
 
+    def decided_without_judging(self, requests: Sequence[JudgeRequest], verdicts: Verdicts) -> None:
+        self._keep(requests, verdicts)
+
     def take(self, step: int) -> list[JudgedRollout]:
         """The kept rollouts as records of training step `step` (ids "step-<step>/<n>" in judging order)."""
         kept, self._kept = self._kept, []

@@ -11,6 +11,7 @@ from rubric_jax.algorithms import base
 from rubric_jax.algorithms.grpo import GRPO, GRPOConfig
 from rubric_jax.algorithms.rar import RaR, RaRConfig
 from rubric_jax.inference.engine import RolloutEngine, Sample
+from rubric_jax.judges.records import RecordingJudge
 from rubric_jax.training.failure_budget import rollout_failure_budget
 from rubric_jax.training.run_config import RolloutConfig
 from rubric_jax.training.runs import RunStopped
@@ -119,3 +120,15 @@ def test_the_rollout_failure_budget_stops_a_run_after_consecutive_failing_steps(
     off = rollout_failure_budget(RolloutConfig(max_failure_rate=1.0))
     for step in range(5):
         off.observe({"rollout/failure_rate": 1.0}, step)
+
+
+def test_the_rollout_log_keeps_failed_samples_with_their_reason(setup):
+    task, context, examples, judge = setup
+    recorder = RecordingJudge(judge)
+    recorder.recording = True
+    context = dataclasses.replace(context, judge=recorder, sampling_metrics={})
+    RaR(RaRConfig()).experience(examples, context, step=0)
+    records = recorder.take(1)
+    assert len(records) == PROMPTS * GROUP
+    failed = [r for r in records if r.verdict.reason == base.FAILED_SAMPLE]
+    assert len(failed) == len(FAILED) and all(r.verdict.failed for r in failed)
