@@ -7,11 +7,14 @@ import asyncio
 import copy
 import dataclasses
 import importlib.util
+import json
 import math
 import os
 import socket
+import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -617,6 +620,18 @@ def test_weight_load_timeout_grows_with_the_checkpoint():
     assert weight_load_timeout_s(0) == WEIGHT_LOAD_BASE_S
     eight_b_bf16 = 16 * 10**9
     assert weight_load_timeout_s(eight_b_bf16) == pytest.approx(WEIGHT_LOAD_BASE_S + eight_b_bf16 / (100 * 2**20))
+
+
+def test_the_requests_benchmark_prints_both_shapes_and_their_ratio_as_json():
+    root = Path(__file__).resolve().parents[2]
+    result = subprocess.run(
+        [sys.executable, str(root / "experiments" / "benchmarks" / "sglang_requests_benchmark.py"), "--prompts", "4",
+         "--group-size", "2", "--latency", "0", "--repeats", "1"], cwd=root, capture_output=True, text=True,
+        timeout=600)
+    assert result.returncode == 0, result.stderr
+    figures = json.loads(result.stdout.splitlines()[-1])
+    assert figures["prompts"] == 4 and figures["batched_s"] > 0 and figures["per_prompt_s"] > 0
+    assert figures["throughput_ratio"] == pytest.approx(figures["batched_s"] / figures["per_prompt_s"])
 
 
 # ----------------------------------------------------------------------------------------------- launcher
