@@ -103,7 +103,9 @@ def check_request_options(chat_template_kwargs: Any, extra_body: Any, section: s
 class ChatSettings:
     """The settings of every call: the served `model` name, `temperature` (0: greedy, the papers' judges),
     `max_tokens` of the answer, an optional `seed`, whether to send JSON schemas, and the request options
-    `chat_template_kwargs` and `extra_body` (module docstring)."""
+    `chat_template_kwargs` and `extra_body` (module docstring). SGLang honours `seed` only when started with
+    `--enable-deterministic-inference` (otherwise a judge at temperature > 0 is not reproducible from it); every
+    call asks for one answer, so a shared seed never makes two answers of one call identical."""
 
     model: str
     temperature: float = 0.0
