@@ -197,5 +197,8 @@ def test_one_step_of_each_cpu_twin_judges_its_dataset_over_http(twin, tmp_path, 
     assert {key: last[key] for key in twin.metrics} == pytest.approx(twin.metrics)
     assert not set(twin.absent) & set(last)
     assert math.isfinite(last["train/loss"])
-    if twin.served:  # one /generate per role; the initial weights and the step's sent
-        assert generate_requests == 2 and policy.updates == ["step-0", "step-1"]
+    if twin.served:  # one /generate per prompt: each question's reasoner prompt and its M rubricator prompts (M
+        # = rubricators_per_question, null: the group size); the initial weights and the step's sent
+        rubricators = config.algorithm.params.get("rubricators_per_question") or config.rollout.group_size
+        assert generate_requests == config.rollout.prompts_per_step * (1 + rubricators)
+        assert policy.updates == ["step-0", "step-1"]
