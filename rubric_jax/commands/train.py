@@ -25,7 +25,11 @@ def check(args):
 
 
 def run(inputs, args) -> int:
-    from rubric_jax.training import rl  # noqa: PLC0415
+    """The run; in a multi-process job, in a supervised child that reports how it ended
+    (`training.supervisor`)."""
+    from rubric_jax.training import rl, supervisor  # noqa: PLC0415
 
+    if supervisor.wanted():
+        return supervisor.supervise(args.argv, inputs.config.output_dir, inputs.config.distributed.heartbeat_timeout_s)
     rl.train_rl(inputs.config, inputs.task, benchmarks=inputs.benchmarks)
     return 0

@@ -34,11 +34,9 @@ Multi-host: every sharding here is a NamedSharding over the global mesh (all pro
 `jax.make_array_from_callback(shape, sharding, read_slice)` builds a parameter on any number of hosts, each
 reading only its own slices; `global_batch` assembles each process's rows into one batch
 (`jax.make_array_from_process_local_data`) and `process_rows` gives a process its rows of a result back.
-`maybe_initialize_distributed` starts the multi-process runtime (docs/multihost.md).
 """
 
 import dataclasses
-import os
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -227,40 +225,3 @@ def shard_activations(x: jax.Array, logical_axes: Sequence[str | None]) -> jax.A
     if mesh.empty:
         return x
     return jax.lax.with_sharding_constraint(x, logical_to_mesh(logical_axes, x.shape, dict(mesh.shape)))
-
-
-def maybe_initialize_distributed() -> bool:
-    """Calls `jax.distributed.initialize()` when the environment describes a multi-process job; returns
-    whether JAX is now multi-process. Call it first thing, before any JAX computation.
-
-    The environment says so when any of these holds:
-    - JAX_COORDINATOR_ADDRESS is set (with JAX_NUM_PROCESSES and JAX_PROCESS_ID, passed on as given);
-    - SLURM launched more than one task (SLURM_NTASKS > 1 inside an srun step);
-    - Open MPI launched more than one rank (OMPI_COMM_WORLD_SIZE > 1);
-    - a TPU slice lists more than one worker (TPU_WORKER_HOSTNAMES / TPU_PROCESS_ADDRESSES);
-    - RUBRIC_JAX_DISTRIBUTED=1, for clusters JAX detects only by asking them (a GCE TPU VM's metadata server).
-    RUBRIC_JAX_DISTRIBUTED=0 skips initialisation whatever else is set. Calling it twice is harmless.
-    """
-    env = os.environ
-    if jax.distributed.is_initialized():
-        return True
-    forced = env.get("RUBRIC_JAX_DISTRIBUTED")
-    if forced == "0":
-        return False
-    tpu_workers = env.get("TPU_PROCESS_ADDRESSES") or env.get("TPU_WORKER_HOSTNAMES") or ""
-    multi_process = (
-        forced == "1"
-        or "JAX_COORDINATOR_ADDRESS" in env
-        or ("SLURM_STEP_NODELIST" in env and int(env.get("SLURM_NTASKS", "1")) > 1)
-        or int(env.get("OMPI_COMM_WORLD_SIZE", "1")) > 1
-        or "," in tpu_workers
-    )
-    if not multi_process:
-        return False
-    explicit = {
-        arg: int(env[var])
-        for arg, var in (("num_processes", "JAX_NUM_PROCESSES"), ("process_id", "JAX_PROCESS_ID"))
-        if var in env
-    }
-    jax.distributed.initialize(**explicit)
-    return True

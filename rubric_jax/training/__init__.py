@@ -21,4 +21,8 @@ checkpoint.py  `Checkpointer`: orbax checkpoints of the learner state and JSON m
                half-written latest.
 metrics.py     `MetricsWriter` (JSONL, TensorBoard, console), `PhaseTimer`, `plot_metrics`.
 policy.py      the policy from a `ModelSpec`, the learner state a checkpoint holds, saving the policy.
+multihost.py   a multi-process run's launch: joining with the run's timeouts, the hosts' configs and code compared,
+               the run directory checked as shared, a process that fails alone leaving at once.
+supervisor.py  `rubric-jax train` in a multi-process job: the training in a child whose end (the runtime's aborts
+               included) becomes one line and an exit status.
 """

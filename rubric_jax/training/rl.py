@@ -74,7 +74,7 @@ from rubric_jax.algorithms.registry import algorithm_class
 from rubric_jax.inference.engine import SamplingParams
 from rubric_jax.judges.records import FirstJudged, RecordingJudge
 from rubric_jax.models import sharding
-from rubric_jax.training import assembly, data_parallel, policy, runs
+from rubric_jax.training import assembly, data_parallel, multihost, policy, runs
 from rubric_jax.training.checkpoint import Checkpointer
 from rubric_jax.training.evaluate import evaluate, evaluate_benchmarks
 from rubric_jax.training.experience import SampledExperience, request_metrics, sample_experience
@@ -118,7 +118,9 @@ def plot_panels(algorithm: Algorithm) -> dict[str, tuple[str, ...]]:
 def train_rl(config: RLConfig, task: Any, *, judge=None, model=None, tokenizer=None,
              benchmarks: Optional[Mapping[str, tuple[Any, list]]] = None) -> dict[str, float]:
     """`_train_rl`, whose launch, refused before its first step completes (a prompt over the context, a server
-    that stops answering), leaves output_dir as it found it (`runs.undo_failed_launch`)."""
+    that stops answering), leaves output_dir as it found it (`runs.undo_failed_launch`). A multi-process job
+    (docs/multihost.md) is joined first, with the run's timeouts (`multihost.initialize`)."""
+    multihost.initialize(config.distributed)
     with runs.undo_failed_launch(Path(config.output_dir)):
         return _train_rl(config, task, judge=judge, model=model, tokenizer=tokenizer, benchmarks=benchmarks or {})
 
@@ -137,7 +139,9 @@ def _train_rl(config: RLConfig, task: Any, *, judge, model, tokenizer, benchmark
     `benchmarks`: name -> (task, examples) of each of `config.eval.benchmarks`
     (`training.assembly.benchmark_tasks`, which `rubric-jax train` calls), evaluated with the held-out rows;
     ValueError, before anything runs, when a run that evaluates is not given exactly the section's benchmarks."""
-    sharding.maybe_initialize_distributed()  # a multi-process job (docs/multihost.md), before any computation
+    # Before anything else: hosts given different runs, or output directories of their own, stop here.
+    multihost.check_same_config(config)
+    multihost.check_shared_directory(Path(config.output_dir), config.distributed.shared_dir_timeout_s)
     _check_benchmarks(config, benchmarks)
     algorithm_config, config = resolve_algorithm(config)
     algorithm = _checked_algorithm(config, algorithm_config, task)

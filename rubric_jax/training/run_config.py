@@ -268,6 +268,31 @@ class CheckpointConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class DistributedConfig:
+    """How a multi-process run (docs/multihost.md) joins and notices a failed host, in seconds.
+
+    initialization_timeout_s: how long every process waits at launch for all of them to join (a pod's workers
+    start minutes apart); then the launch fails, naming the missing process where it can
+    (`jax.distributed.initialize(initialization_timeout=)`). heartbeat_timeout_s: a process that sends no
+    heartbeat for this long (dead, frozen, or cut off from the network) fails the run on every process
+    (`heartbeat_timeout_seconds`). shutdown_timeout_s: at the end, how long the processes wait for each other to
+    finish, process 0 writing the final model meanwhile (`shutdown_timeout_seconds`). shared_dir_timeout_s: how
+    long the other processes look for the token process 0 writes into output_dir at launch before they declare
+    it not shared (a network filesystem's attribute cache can hide a new file for a while). JAX's defaults are
+    300, 100 and 300; a pod's workers need the longer initialisation."""
+
+    initialization_timeout_s: int = 600
+    heartbeat_timeout_s: int = 100
+    shutdown_timeout_s: int = 300
+    shared_dir_timeout_s: int = 60
+
+    def __post_init__(self):
+        for name in ("initialization_timeout_s", "heartbeat_timeout_s", "shutdown_timeout_s", "shared_dir_timeout_s"):
+            _require(isinstance(getattr(self, name), int) and getattr(self, name) >= 1,
+                     f"{name} must be an int >= 1 (seconds), got {getattr(self, name)!r}")
+
+
+@dataclasses.dataclass(frozen=True)
 class MetricsConfig:
     """Where metrics go besides metrics.jsonl: TensorBoard events, a console line per step, PNG plots at the end."""
 
@@ -536,6 +561,7 @@ class RLConfig:
     metrics: MetricsConfig = MetricsConfig()
     eval: EvalConfig = EvalConfig()
     rollout_log: RolloutLogConfig = RolloutLogConfig()
+    distributed: DistributedConfig = DistributedConfig()
 
     def __post_init__(self):
         _require(self.steps >= 1, f"steps must be >= 1, got {self.steps}")

@@ -46,14 +46,19 @@ _LOG = logging.getLogger(__name__)
 class RunStopped(RuntimeError):
     """A run that must not start or cannot go on, with a one-line reason: a relaunch that would rewrite another
     run's history (`check_relaunch`), a judge server that does not answer or refuses the credentials, judge
-    failures beyond the failure budget (`training.rl`). The CLI prints the reason and exits `exit_code`."""
+    failures beyond the failure budget (`training.rl`). The CLI prints the reason and exits `exit_code`.
+    `every_process`: in a multi-process job, every process raises it at the same point, so they exit together
+    (otherwise the process leaves the job at once, `multihost.leave_job`)."""
 
     exit_code = 1
+    every_process = False
 
 
 class RunInterrupted(RunStopped):
     """SIGINT or SIGTERM stopped the run at a safe point, after checkpointing (`StopRequests`); the exit code is
-    the shell's for that signal (128 + its number)."""
+    the shell's for that signal (128 + its number). Every process stops after the same step."""
+
+    every_process = True
 
     def __init__(self, message: str, signal_number: int):
         super().__init__(message)
@@ -112,12 +117,15 @@ RELAUNCH_SAFE_KEYS = (
     *(f"{section}.{key}" for section in ("judge", "meta_verifier")
       for key in ("url", "max_in_flight", "max_attempts", "timeout_s", "api_key_env", "headers")),
     "judge.max_failure_rate", "judge.max_failing_steps", "rollout.max_failure_rate", "rollout.max_failing_steps",
+    "distributed",
 )
 
 
-def _flat(data: Any, prefix: str = "") -> dict[str, Any]:
+def flat_keys(data: Any, prefix: str = "") -> dict[str, Any]:
+    """A nested mapping as {"section.key": value}; an empty mapping is a value of its own."""
     if isinstance(data, Mapping) and data:
-        return {key: value for name, item in data.items() for key, value in _flat(item, f"{prefix}{name}.").items()}
+        return {key: value for name, item in data.items()
+                for key, value in flat_keys(item, f"{prefix}{name}.").items()}
     return {prefix[:-1]: data}
 
 
@@ -193,14 +201,14 @@ def check_relaunch(out: Path, config: Any, resolve: Callable[[Any], Any] = lambd
         return
     written = yaml.safe_load(saved_path.read_text(encoding="utf-8")) or {}
     try:
-        saved = _flat(config_to_dict(resolve(config_from_dict(type(config), written))))
+        saved = flat_keys(config_to_dict(resolve(config_from_dict(type(config), written))))
     except ValueError as error:
         raise RunStopped(f"output_dir {out} holds a run whose config.yaml no longer loads ({error}): resuming it "
                          "needs the version that started it, or choose another output_dir") from error
-    if defaulted := sorted(saved.keys() - _flat(written).keys()):
+    if defaulted := sorted(saved.keys() - flat_keys(written).keys()):
         _LOG.warning("resuming %s: its config.yaml predates %s, which take today's defaults", out,
                      ", ".join(f"{key}={saved[key]!r}" for key in defaulted))
-    current = _flat(config_to_dict(config))
+    current = flat_keys(config_to_dict(config))
     missing = object()
     # The shallowest keys first: "algorithm.name" says more than the twenty parameters that differ with it.
     differing = sorted((key for key in saved.keys() | current.keys()

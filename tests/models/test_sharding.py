@@ -126,25 +126,6 @@ def test_make_mesh_checks_the_device_count():
         sharding.make_mesh(1, 2, 2)
 
 
-def test_distributed_initialisation_only_when_the_environment_says_so(monkeypatch):
-    calls = []
-    monkeypatch.setattr(jax.distributed, "initialize", lambda **kwargs: calls.append(kwargs))
-    for var in ("JAX_COORDINATOR_ADDRESS", "SLURM_STEP_NODELIST", "OMPI_COMM_WORLD_SIZE", "TPU_WORKER_HOSTNAMES",
-                "TPU_PROCESS_ADDRESSES", "RUBRIC_JAX_DISTRIBUTED"):
-        monkeypatch.delenv(var, raising=False)
-    assert not sharding.maybe_initialize_distributed()
-    monkeypatch.setenv("TPU_WORKER_HOSTNAMES", "localhost")  # a single-host TPU VM
-    assert not sharding.maybe_initialize_distributed()
-    monkeypatch.setenv("JAX_COORDINATOR_ADDRESS", "10.0.0.1:1234")
-    monkeypatch.setenv("JAX_NUM_PROCESSES", "4")
-    monkeypatch.setenv("JAX_PROCESS_ID", "1")
-    monkeypatch.setenv("RUBRIC_JAX_DISTRIBUTED", "0")
-    assert not sharding.maybe_initialize_distributed()
-    monkeypatch.delenv("RUBRIC_JAX_DISTRIBUTED")
-    assert sharding.maybe_initialize_distributed()
-    assert calls == [{"num_processes": 4, "process_id": 1}]
-
-
 def policy_batch(vocab_size: int, rows=8, length=16, prompt=5) -> dict[str, np.ndarray]:
     """Right-padded rows of random length with a `prompt`-token prompt; old logprobs near the model's."""
     rng = np.random.default_rng(0)

@@ -12,7 +12,7 @@ from pathlib import Path
 import jax
 
 from rubric_jax.judges.programmatic import ProgrammaticJudge
-from rubric_jax.models import sharding
+from rubric_jax.training import multihost
 from rubric_jax.training.rl import train_rl
 from rubric_jax.training.run_config import RLConfig
 from rubric_jax.yaml_config import load_config
@@ -35,7 +35,7 @@ TASKS = {"toy": toy_task, "half_tied": lambda: HalfTiedTask(toy_task().config, 0
 
 
 def main(config: Path, out: Path, task: str = "toy") -> None:
-    sharding.maybe_initialize_distributed()
+    multihost.initialize(load_config(RLConfig, config).distributed)
     judge = QuestionLoggingJudge(out / f"questions_{jax.process_index()}.jsonl")
     train_rl(load_config(RLConfig, config), TASKS[task](), judge=judge)
 

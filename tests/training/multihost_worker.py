@@ -5,7 +5,7 @@ final safetensors save and plots.
 
     python -m tests.training.multihost_worker OUT STEPS [STOP_AFTER]
 
-Multi-process when the environment names a coordinator (`sharding.maybe_initialize_distributed`). Each process
+Multi-process when the environment names a coordinator (`multihost.initialize`). Each process
 takes rows [process_index::process_count] of every step's batch. Writes OUT/process_<index>.json: per step, the
 old logprobs of this process's rows (keyed by their row in the step's batch) and the step's metrics. With
 STOP_AFTER, it writes that file once step STOP_AFTER's checkpoint has committed and then waits to be killed.
@@ -26,8 +26,8 @@ from rubric_jax.data.arithmetic import build_tokenizer
 from rubric_jax.models import sharding, train_step
 from rubric_jax.models.config import ModelConfig
 from rubric_jax.models.decoder import Decoder
-from rubric_jax.training import policy, runs
-from rubric_jax.training.run_config import CheckpointConfig, MetricsConfig
+from rubric_jax.training import multihost, policy, runs
+from rubric_jax.training.run_config import CheckpointConfig, DistributedConfig, MetricsConfig
 
 CONFIG = ModelConfig(model_type="qwen3", vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=1,
                      num_heads=4, num_kv_heads=2, head_dim=8, max_position_embeddings=32, tie_word_embeddings=False)
@@ -54,7 +54,7 @@ def step_batch(step: int) -> dict[str, np.ndarray]:
 
 
 def main(out: Path, steps: int, stop_after: int | None) -> None:
-    sharding.maybe_initialize_distributed()
+    multihost.initialize(DistributedConfig())
     index, count = jax.process_index(), jax.process_count()
     mesh = sharding.make_mesh(*MESH)
     rules = sharding.partition_rules(CONFIG)
