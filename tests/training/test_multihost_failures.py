@@ -244,7 +244,8 @@ def test_kill_9_of_the_coordinator_is_one_line_on_each_host(job_factory):
     assert line_0.startswith("rubric-jax train: the training process was killed by SIGKILL (the out-of-memory "
                              "killer, or a kill); the same command on every host resumes it from the checkpoint")
     assert line_1.startswith("rubric-jax train: process 0 of 2, the coordinator, stopped answering (died, froze or "
-                             "lost its network); the same command on every host resumes it from the checkpoint of step ")
+                             "lost its network); the same command on every host resumes it from the checkpoint of "
+                             "step ")
     resume_step(line_1, job)
 
 
