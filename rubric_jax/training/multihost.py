@@ -4,7 +4,8 @@ silent.
 `initialize(config.distributed)` joins the job when the environment describes one
 (`supervisor.multi_process_environment`): `jax.distributed.initialize` with the run's timeouts, after checking
 that process 0 can take the coordinator's port. Then, before any compute, every process of the job:
-- `check_same_config`: fingerprints its resolved config (every key but output_dir) and its code (a digest of
+- `check_same_config`: fingerprints its resolved config (every key but where the host finds the run directory and
+  its servers, `PER_HOST_KEYS`) and its code (a digest of
   rubric_jax's source, jax's and jaxlib's versions), and the processes exchange the fingerprints in one
   all-gather; any difference stops every process (ConfigMismatch) with the same line, naming the first differing
   keys and which process had which value. Without it a host given another learning rate trains silently wrong,
@@ -42,6 +43,9 @@ from rubric_jax.training.runs import RunStopped, flat_keys
 from rubric_jax.yaml_config import config_to_dict
 
 TOKEN_FILE = ".launch_token"
+# Where a host finds things, which may be spelled differently on each: the run directory (the share mounted at
+# another path; `check_shared_directory` judges it) and the servers (each host its own SGLang server or judge).
+PER_HOST_KEYS = ("output_dir", "rollout.sglang_url", "rollout.frozen_sglang_url", "judge.url", "meta_verifier.url")
 # How much longer than the heartbeat timeout a process waits for the runtime to name a failed peer.
 VERDICT_GRACE_S = 30
 COORDINATOR_LINGER_S = 2
@@ -138,9 +142,9 @@ def code_fingerprint() -> dict[str, str]:
 
 def config_fingerprint(config: Any) -> dict[str, str]:
     """The keys a job's processes must agree on: the code (`code_fingerprint`), then every resolved config key
-    but output_dir (`check_shared_directory` judges that), each value as canonical JSON."""
+    but PER_HOST_KEYS, each value as canonical JSON."""
     keys = {key: json.dumps(value, sort_keys=True, default=str)
-            for key, value in flat_keys(config_to_dict(config)).items() if key != "output_dir"}
+            for key, value in flat_keys(config_to_dict(config)).items() if key not in PER_HOST_KEYS}
     return {**code_fingerprint(), **keys}
 
 

@@ -13,11 +13,13 @@ and a bound on the time from the failure to the end:
   host): the survivor names the failed process and the checkpoint the run resumes from (75) within the heartbeat
   timeout and a margin, with the runtime's C++ abort kept in its log, not on the console; process 1 starts 5 s late
   in the first, and is waited for;
-- SIGTERM to one process: both stop after the same step with a checkpoint (143).
+- SIGTERM to one process: both stop after the same step with a checkpoint (143), and a relaunch of both resumes
+  and finishes (0), process 0 writing the final model.
 
 The exact resume after a kill is `test_multihost.py`'s. Every wait has a timeout and every process is killed at the
 end; the processes share a persistent compilation cache."""
 
+import json
 import os
 import re
 import signal
@@ -276,4 +278,13 @@ def test_sigterm_to_one_host_stops_both_after_the_same_step_with_a_checkpoint(jo
     assert all(stopped) and stopped[0].groups() == stopped[1].groups()
     assert job.console(1)[:-1] == ["[rubric-jax] SIGTERM: stopping after this step, with a checkpoint (send it again "
                                    "to stop at once)"]
-    assert (job.root / "out" / "checkpoints" / stopped[0].group(1)).is_dir()
+    step = int(stopped[0].group(1))
+    assert (job.root / "out" / "checkpoints" / str(step)).is_dir()
+    relaunched = time.monotonic()
+    for process_id in (0, 1):
+        job.start(process_id, f"steps={step + 2}")
+    assert finished_within(job, (0, 1), START_TIMEOUT_S, relaunched) == {0: 0, 1: 0}
+    assert job.console(0) == job.console(1) == []
+    metrics = [json.loads(line) for line in (job.root / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert [record["step"] for record in metrics] == list(range(1, step + 3))
+    assert (job.root / "out" / "model" / "config.json").is_file()

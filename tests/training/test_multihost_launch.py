@@ -264,6 +264,13 @@ def test_configs_differing_only_in_output_dir_have_the_same_fingerprint():
             == multihost.config_fingerprint(rar_config("output_dir=/mnt/b/run")))
 
 
+def test_each_host_may_name_its_own_servers():
+    first = rar_config("judge.kind=llm", "judge.url=http://node0:8000/v1", "judge.model=grader")
+    second = rar_config("judge.kind=llm", "judge.url=http://node1:8000/v1", "judge.model=grader")
+    assert multihost.config_fingerprint(first) == multihost.config_fingerprint(second)
+    assert set(multihost.PER_HOST_KEYS) >= {"rollout.sglang_url", "rollout.frozen_sglang_url", "meta_verifier.url"}
+
+
 def test_configs_differing_in_learning_rate_are_told_apart_by_that_key():
     fingerprints = [multihost.config_fingerprint(rar_config(f"optimizer.learning_rate={rate}"))
                     for rate in ("0.001", "0.005")]
