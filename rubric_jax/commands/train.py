@@ -25,11 +25,15 @@ def check(args):
 
 
 def run(inputs, args) -> int:
-    """The run; in a multi-process job, in a supervised child that reports how it ended
-    (`training.supervisor`)."""
-    from rubric_jax.training import rl, supervisor  # noqa: PLC0415
+    """The run; in a multi-process job, in a supervised child, whose end the runtime or a signal caused is one
+    line (`training.supervisor`)."""
+    from rubric_jax.training import multihost, rl, supervisor  # noqa: PLC0415
 
     if supervisor.wanted():
-        return supervisor.supervise(args.argv, inputs.config.output_dir, inputs.config.distributed.heartbeat_timeout_s)
+        status, line = supervisor.supervise(args.argv, inputs.config.output_dir,
+                                            inputs.config.distributed.heartbeat_timeout_s)
+        if line is not None:
+            raise multihost.failure(line, status)
+        return status
     rl.train_rl(inputs.config, inputs.task, benchmarks=inputs.benchmarks)
     return 0

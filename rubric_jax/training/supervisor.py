@@ -39,7 +39,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Mapping, Optional, Sequence
 
 EXIT_LAUNCH_FAILED = 69  # sysexits' EX_UNAVAILABLE
 EXIT_PEER_FAILED = 75  # EX_TEMPFAIL: the same command resumes the run
@@ -121,10 +121,10 @@ def enter_child() -> None:
     absl.propagate = False
 
 
-def supervise(argv: Sequence[str], output_dir: str, heartbeat_timeout_s: int) -> int:
-    """Runs `rubric-jax <argv>` as a supervised child (module docstring) and returns its exit status; a child
-    killed by a signal becomes one line (`diagnose`, raised as the RunStopped subclass of its status, which the
-    CLI prints). `output_dir` is the run's (its logs/ and checkpoints/), `heartbeat_timeout_s` the run's
+def supervise(argv: Sequence[str], output_dir: str, heartbeat_timeout_s: int) -> tuple[int, Optional[str]]:
+    """Runs `rubric-jax <argv>` as a supervised child (module docstring): (its exit status, None) when it
+    exited (it printed its own line), (status, line) from `diagnose` when the runtime or a signal killed it.
+    `output_dir` is the run's (its logs/ and checkpoints/), `heartbeat_timeout_s` the run's
     distributed.heartbeat_timeout_s, named in the line."""
     log_path = Path(output_dir) / "logs" / f"{process_label()}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -142,14 +142,12 @@ def supervise(argv: Sequence[str], output_dir: str, heartbeat_timeout_s: int) ->
         for number, handler in previous.items():
             signal.signal(number, handler)
     if status >= 0:
-        return status
+        return status, None
     with open(log_path, encoding="utf-8", errors="replace") as log:
         log.seek(start)
         written = log.read()
     line, exit_status = diagnose(-status, written, Path(output_dir), heartbeat_timeout_s, log_path)
-    from rubric_jax.training.multihost import failure  # noqa: PLC0415  (RunStopped imports jax)
-
-    raise failure(line, exit_status)
+    return exit_status, line
 
 
 # The tasks as the runtime lists them: "1", "1, 2", or "/job:jax_worker/replica:0/task:1".

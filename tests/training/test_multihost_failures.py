@@ -102,6 +102,13 @@ class Job:
         assert len(children) == 1, children
         return int(children[0])
 
+    def start_and_checkpoint(self) -> float:
+        """Starts both processes and returns the time once the run has committed a checkpoint."""
+        self.start(0)
+        self.start(1)
+        self.wait_for_checkpoint()
+        return time.monotonic()
+
     def wait_for_checkpoint(self) -> None:
         checkpoints = self.root / "out" / "checkpoints"
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -236,10 +243,7 @@ def test_kill_9_of_a_late_peer_is_one_line_on_the_survivor(job_factory):
 
 def test_kill_9_of_the_coordinator_is_one_line_on_each_host(job_factory):
     job = job_factory("kill_0")
-    job.start(0)
-    job.start(1)
-    job.wait_for_checkpoint()
-    killed = time.monotonic()
+    killed = job.start_and_checkpoint()
     os.kill(job.training_process(0), signal.SIGKILL)  # what the out-of-memory killer does
     assert finished_within(job, (0, 1), MARGIN_S, killed) == {0: 137, 1: 75}
     [line_0], [line_1] = job.console(0), job.console(1)
@@ -253,10 +257,7 @@ def test_kill_9_of_the_coordinator_is_one_line_on_each_host(job_factory):
 
 def test_a_frozen_host_is_one_line_on_the_other_within_the_heartbeat_timeout(job_factory):
     job = job_factory("frozen_1")
-    job.start(0)
-    job.start(1)
-    job.wait_for_checkpoint()
-    frozen = time.monotonic()
+    frozen = job.start_and_checkpoint()
     os.kill(job.training_process(1), signal.SIGSTOP)  # a host that lost its network: alive, silent
     assert finished_within(job, (0,), HEARTBEAT_S + MARGIN_S, frozen) == {0: 75}
     [line] = job.console(0)
@@ -266,10 +267,7 @@ def test_a_frozen_host_is_one_line_on_the_other_within_the_heartbeat_timeout(job
 
 def test_sigterm_to_one_host_stops_both_after_the_same_step_with_a_checkpoint(job_factory):
     job = job_factory("sigterm_1")
-    job.start(0)
-    job.start(1)
-    job.wait_for_checkpoint()
-    signalled = time.monotonic()
+    signalled = job.start_and_checkpoint()
     job.processes[1].send_signal(signal.SIGTERM)  # forwarded to its training process
     assert finished_within(job, (0, 1), MARGIN_S, signalled) == {0: 143, 1: 143}
     stopped = [re.fullmatch(r"rubric-jax train: stopped by SIGTERM after step (\d+) of 400, checkpointed in (.+): "
