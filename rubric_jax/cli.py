@@ -25,7 +25,6 @@ from typing import NoReturn, Optional, Sequence
 from rubric_jax import commands
 from rubric_jax.arguments import one_line
 from rubric_jax.judges.preflight import PreflightFailed
-from rubric_jax.training import supervisor
 
 DESCRIPTION = """Rubric-based RL of LLMs in JAX.
 
@@ -87,13 +86,10 @@ def build_parser(modules: Optional[dict[str, ModuleType]] = None) -> argparse.Ar
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Runs a command; a runtime error it does not report itself is one line and exit 1, Ctrl-C one line and 130
-    (`--debug` lets both through with their tracebacks). In a multi-process job, a process that fails alone
-    leaves the job at once (`multihost.leave_job`), and one whose collective failed because a peer went away
-    waits for the runtime to name that peer (`multihost.await_peer_verdict`)."""
-    supervisor.enter_child()
+    (`--debug` lets both through with their tracebacks)."""
     modules = command_modules()
     args = build_parser(modules).parse_args(argv)
-    args.argv = list(sys.argv[1:] if argv is None else argv)  # a supervised command runs them again
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # what a command that re-runs itself runs again
     command = modules[args.command]
     if args.debug:
         return _dispatch(command, args)
@@ -101,26 +97,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return _dispatch(command, args)
     except KeyboardInterrupt:
         print(f"rubric-jax {args.command}: interrupted", file=sys.stderr)
-        return _left_job(130)
+        return 130
     except Exception as error:  # a bug or an environment problem: one line, the traceback behind --debug
-        from rubric_jax.training import multihost  # noqa: PLC0415  (jax is loaded by now)
-
-        if multihost.is_collective_failure(error):
-            stopped = multihost.await_peer_verdict(error)
-            return _left_job(_report(args, stopped, stopped.exit_code))
         print(f"rubric-jax {args.command}: {type(error).__name__}: {one_line(error)} (rerun with --debug for the "
               "traceback)", file=sys.stderr)
-        return _left_job(1)
-
-
-def _left_job(status: int) -> int:
-    """`status`, once a process of a multi-process job has left it (`multihost.leave_job`, which does not
-    return there)."""
-    if "jax" in sys.modules:
-        from rubric_jax.training import multihost  # noqa: PLC0415
-
-        multihost.leave_job(status)
-    return status
+        return 1
 
 
 def _dispatch(command: ModuleType, args) -> int:
@@ -136,8 +117,7 @@ def _dispatch(command: ModuleType, args) -> int:
             return _report(args, error, 1)
         return command.run(checked, args)
     except RunStopped as error:
-        status = _report(args, error, error.exit_code)
-        return status if error.every_process else _left_job(status)
+        return _report(args, error, error.exit_code)
 
 
 def _report(args, error: Exception, status: int) -> int:

@@ -19,8 +19,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 def check(args):
     """The run's config, model directory, task, benchmarks, output directory and rubric width checked
     (`training.launch.checked_rl_launch`)."""
+    from rubric_jax.training import supervisor  # noqa: PLC0415
     from rubric_jax.training.launch import checked_rl_launch  # noqa: PLC0415  (imports the model stack)
 
+    supervisor.enter_child()  # a supervised child's runtime output goes to its log from here on
     return checked_rl_launch(args.config, args.overrides)
 
 

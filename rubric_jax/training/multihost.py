@@ -15,12 +15,14 @@ that process 0 can take the coordinator's port. Then, before any compute, every 
   shared would hang the first checkpoint. output_dir itself may differ between hosts (the share mounted at
   another path), which this check, not the fingerprint, judges.
 
-A process that fails alone (a runtime error on one host) leaves the job at once (`leave_job`), skipping JAX's
-shutdown barrier, where it would wait for peers that wait for it in a collective; a collective that fails because
-a peer went away (`is_collective_failure`) waits for the runtime's verdict on which peer it was
+A process that fails alone (a runtime error on one host) leaves the job at exit (`failures_leave_the_job`),
+skipping JAX's shutdown barrier, where it would wait for peers that wait for it in a collective; a collective that
+fails because a peer went away (`is_collective_failure`) waits for the runtime's verdict on which peer it was
 (`await_peer_verdict`), which `rubric-jax train`'s supervisor reports (`training.supervisor`).
 """
 
+import atexit
+import contextlib
 import hashlib
 import json
 import os
@@ -29,7 +31,7 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import jax
 import jaxlib
@@ -108,6 +110,7 @@ def initialize(settings: DistributedConfig) -> bool:
                                shutdown_timeout_seconds=settings.shutdown_timeout_s)
     global _heartbeat_timeout_s
     _heartbeat_timeout_s = settings.heartbeat_timeout_s
+    atexit.register(_leave_after_failure)
     supervisor.mark("joined", process=jax.process_index(), processes=jax.process_count())
     return True
 
@@ -260,15 +263,49 @@ def await_peer_verdict(error: BaseException) -> PeerFailed:
                       f"{timeout_s} s: {error}")
 
 
-def leave_job(status: int) -> None:
-    """Ends this process of a multi-process job at once with `status`, after a failure of its own: JAX's
-    shutdown barrier at exit would wait for peers that are waiting for this process in a collective. Nothing in
-    one process (the caller returns `status`)."""
+_leave_status: Optional[int] = None  # set by `failures_leave_the_job`: this process's exit status
+
+
+@contextlib.contextmanager
+def failures_leave_the_job() -> Iterator[None]:
+    """Around a multi-process run: an error that stops this process alone makes it leave the job at exit with the
+    status the CLI reports (`_leave_at_exit`), rather than waiting in JAX's shutdown barrier for peers that wait for
+    it in a collective. A collective whose peer went away (`is_collective_failure`) first waits for the runtime's
+    verdict on which peer (`await_peer_verdict`) and becomes PeerFailed. A stop raised by every process at once
+    (`RunStopped.every_process`) exits normally, together. Nothing in one process."""
+    try:
+        yield
+    except RunStopped as stop:
+        if not stop.every_process:
+            _leave_at_exit(stop.exit_code)
+        raise
+    except KeyboardInterrupt:
+        _leave_at_exit(130)
+        raise
+    except Exception as error:
+        if is_collective_failure(error):
+            stopped = await_peer_verdict(error)
+            _leave_at_exit(stopped.exit_code)
+            raise stopped from error
+        _leave_at_exit(1)
+        raise
+
+
+def _leave_at_exit(status: int) -> None:
+    global _leave_status
     if jax.distributed.is_initialized() and jax.process_count() > 1:
-        if jax.process_index() == 0:
-            # The coordinator's exit ends every peer's runtime at once: a peer stopping for the same reason gets
-            # to say so first.
-            time.sleep(COORDINATOR_LINGER_S)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(status)
+        _leave_status = status
+
+
+def _leave_after_failure() -> None:
+    """At exit, after a failure of this process's own (`failures_leave_the_job`), before JAX's shutdown (atexit runs
+    the latest registered first): ends the process with its status at once."""
+    if _leave_status is None:
+        return
+    if jax.process_index() == 0:
+        # The coordinator's exit ends every peer's runtime at once: a peer stopping for the same reason gets to
+        # say so first.
+        time.sleep(COORDINATOR_LINGER_S)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(_leave_status)

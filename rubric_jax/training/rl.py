@@ -119,9 +119,10 @@ def train_rl(config: RLConfig, task: Any, *, judge=None, model=None, tokenizer=N
              benchmarks: Optional[Mapping[str, tuple[Any, list]]] = None) -> dict[str, float]:
     """`_train_rl`, whose launch, refused before its first step completes (a prompt over the context, a server
     that stops answering), leaves output_dir as it found it (`runs.undo_failed_launch`). A multi-process job
-    (docs/multihost.md) is joined first, with the run's timeouts (`multihost.initialize`)."""
+    (docs/multihost.md) is joined first, with the run's timeouts (`multihost.initialize`), and a process that
+    fails alone leaves it at exit (`multihost.failures_leave_the_job`)."""
     multihost.initialize(config.distributed)
-    with runs.undo_failed_launch(Path(config.output_dir)):
+    with multihost.failures_leave_the_job(), runs.undo_failed_launch(Path(config.output_dir)):
         return _train_rl(config, task, judge=judge, model=model, tokenizer=tokenizer, benchmarks=benchmarks or {})
 
 

@@ -48,7 +48,7 @@ class RunStopped(RuntimeError):
     run's history (`check_relaunch`), a judge server that does not answer or refuses the credentials, judge
     failures beyond the failure budget (`training.rl`). The CLI prints the reason and exits `exit_code`.
     `every_process`: in a multi-process job, every process raises it at the same point, so they exit together
-    (otherwise the process leaves the job at once, `multihost.leave_job`)."""
+    (otherwise the process leaves the job at exit, `multihost.failures_leave_the_job`)."""
 
     exit_code = 1
     every_process = False

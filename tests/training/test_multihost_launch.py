@@ -488,3 +488,43 @@ def test_checking_a_launch_leaves_the_accelerators_to_the_supervised_child(tmp_p
               f"checked_rl_launch({str(config)!r}, [])\nsys.exit(3 if xla_bridge.backends_are_initialized() else 0)\n")
     done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+@pytest.fixture
+def leaving(monkeypatch):
+    """The status this process would leave the job with at exit, reset for each test."""
+    monkeypatch.setattr(multihost, "_leave_status", None)
+    return lambda: multihost._leave_status
+
+
+@pytest.mark.parametrize("error, status", [(KeyError("rubric"), 1), (KeyboardInterrupt(), 130),
+                                           (runs.RunStopped("judge failures over budget"), 1)])
+def test_an_error_of_one_process_makes_it_leave_the_job_with_its_status(two_processes, leaving, error, status):
+    with pytest.raises(type(error)):
+        with multihost.failures_leave_the_job():
+            raise error
+    assert leaving() == status
+
+
+def test_a_stop_of_every_process_exits_together(two_processes, leaving):
+    with pytest.raises(multihost.ConfigMismatch):
+        with multihost.failures_leave_the_job():
+            raise multihost.ConfigMismatch("steps differ")
+    assert leaving() is None
+
+
+def test_a_collective_failure_becomes_the_peer_failure_reported(two_processes, leaving, monkeypatch):
+    verdict = multihost.PeerFailed("no process was reported dead")
+    monkeypatch.setattr(multihost, "await_peer_verdict", lambda error: verdict)
+    with pytest.raises(multihost.PeerFailed) as raised:
+        with multihost.failures_leave_the_job():
+            raise ValueError("Gloo AllGather failed: Connection closed by peer")
+    assert raised.value is verdict
+    assert leaving() == supervisor.EXIT_PEER_FAILED
+
+
+def test_one_process_never_leaves_early(leaving):
+    with pytest.raises(KeyError):
+        with multihost.failures_leave_the_job():
+            raise KeyError("rubric")
+    assert leaving() is None
