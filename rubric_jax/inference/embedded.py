@@ -1,34 +1,51 @@
 """`EmbeddedEngine`: an in-process rollout engine, a jitted sampler on the Decoder's KV-cache path (the default on
 CPU and in tests; the same interface as the SGLang engine, `engine.RolloutEngine`).
 
-One call, on the device:
-1. Prefill: the rows (each prompt repeated `n` times, prompt-major) are left-padded to a common width and fed
-   at once into an empty KV cache; positions count each row's real tokens (cumsum(mask) - 1), so a row's result
-   does not depend on its padding.
-2. Decode, under one `lax.while_loop`: sample a token for every row from the last logits, record it, then feed
-   the recorded tokens (one per row) to get the next logits. A row is done after a stop token (the engine's EOS
-   ids or the call's `stop_token_ids`) or after its token budget; done rows feed masked padding. The loop exits
-   as soon as every row is done, or after max_new_tokens tokens.
-3. Sampling (SGLang's sampler): with penalties (`SamplingParams.penalized`), the raw logits first get the
+One call is decoded by continuous batching (JetStream's prefill / insert / generate), over a fixed number of
+decode slots B (`decode_slots`; by default the call's rows rounded up to a power of two, at most MAX_AUTO_SLOTS):
+1. Rows: each prompt repeated `n` times, prompt-major, each with its sample seed; they wait in row order for a
+   free slot. Slot b is one row of a KV cache with its own write position (`KVCache.end` [B]): its row's prompt
+   in slots [0, P) (left-padded to the call's prompt width P), its response from P on.
+2. Shared prefill: a prompt is prefilled once, not n times. When the next waiting row's prompt has no prefill
+   yet, the next G distinct prompts (rows of equal prompt ids share one, wherever they are) are prefilled
+   together into a cache of exactly P slots, with positions counting each prompt's real tokens
+   (cumsum(mask) - 1), so a row's result does not depend on its padding; G is B / (rows per prompt) rounded up
+   to a power of two, so that one prefill fills the slots of G whole groups. A prefill stays on the device until
+   every row of its prompts is in a slot: a group that finds too few free slots waits, and its other rows are
+   inserted later from the saved prefill (at most two prefills are kept).
+3. Insert: a free slot takes the next waiting row: its prompt's keys and values are copied into the slot's
+   [0, P), the rest of the slot invalidated, its write position set to P, and its first token sampled from the
+   prompt's last logits.
+4. Generate, in chunks of CHUNK_STEPS steps (one jitted `lax.while_loop` over the slots, the slot state
+   donated): each live slot feeds its last token and samples the next. A slot is done after a stop token (the
+   engine's EOS ids or the call's `stop_token_ids`) or after its token budget; done slots feed masked padding.
+   A chunk ends early once no slot is live. Between chunks the host reads which slots finished, hands their
+   rows' responses on, and refills those slots (1-3): a finished row leaves within CHUNK_STEPS steps, instead
+   of keeping its slot until the longest row of a static batch is done.
+Every row keeps its own random stream (5.), so the samples are those of the static-batch reference
+(`StaticEngine`: all rows prefilled and decoded together until the last is done; the tests compare the two):
+the same tokens and finish reasons, logprobs equal up to float summation order.
+
+5. Sampling (SGLang's sampler): with penalties (`SamplingParams.penalized`), the raw logits first get the
    presence, frequency and repetition penalties of the tokens the row has generated so far (`penalized_logits`,
-   from a per-row count of every vocabulary token, int32 [rows, V], updated after each token: 4 bytes x rows x V,
-   e.g. 150 MiB for 256 rows of a 152k vocabulary; not allocated at all without penalties); then
+   from a per-slot count of every vocabulary token, int32 [B, V], updated after each token: 4 bytes x B x V,
+   e.g. 150 MiB for 256 slots of a 152k vocabulary; not allocated at all without penalties); then
    logits / temperature, then top-k (k most likely tokens) and top-p (a token is
    kept while the probability mass of the tokens ranked above it is <= top_p; the most likely token always is);
    temperature 0 is greedy (argmax, no filtering). Ties at the top-k / top-p threshold are all kept (a threshold
    on the value, not a cut in sort order). The token is drawn from the kept tokens' renormalised probabilities
    by the inverse CDF of one uniform per row and step (`inverse_cdf_sample`); each sample's uniforms come from
    its own stream, `fold_in(key(sample seed), step)` with the sample seed `engine.sample_seeds(call seed)[sample
-   index in the call]` (the seeds the SGLang engine sends), so results do not depend on batching, padding or
-   `max_batch_size`.
-4. Logprobs: log_softmax(logits / temperature) of the sampled token, before top-k / top-p (temperature 0 counts
+   index in the call]` (the seeds the SGLang engine sends) and `step` the row's own step, so results do not
+   depend on batching, padding, slots or refill order.
+6. Logprobs: log_softmax(logits / temperature) of the sampled token, before top-k / top-p (temperature 0 counts
    as 1): what `rubric_jax.models.logprobs.sequence_logprobs(..., temperature=...)` recomputes in the learner.
    With penalties they are those of the penalised logits, as SGLang's (which the learner does not recompute).
 
 Stop handling mirrors SGLang (`Req.check_finished`, checked after every token in this order): the length budget
 first ("length", even if that last token is a stop token), then stop token ids ("stop", the token included,
 `matched_stop` its id), then stop strings ("stop", `matched_stop` the first string of `stop`, in list order,
-found in the decoded output). Stop strings are checked on the host after generation: the sample is cut after
+found in the decoded output). Stop strings are checked on the host once a row has finished: the sample is cut after
 the first token whose decoded prefix contains a stop string (`tokenizer.decode`, special tokens kept, as
 SGLang's tail check; a trailing incomplete character U+FFFD dropped, as SGLang's incremental detokenizer holds
 it back). That token is found by bisection over prefix lengths: a decoded prefix is a prefix of every longer
@@ -41,13 +58,15 @@ Context length: a prompt of max_position_embeddings tokens or more is a ValueErr
 min(max_new_tokens, max_position_embeddings - prompt length), so prompt + response never exceed the model's
 positions (SGLang clips max_new_tokens to the context length the same way, and reports "length").
 
-Compilation: shapes are bucketed, so recompilation is rare: rows to the next power of two (at most
-`max_batch_size`; more rows run in chunks), prompt width and max_new_tokens each to the next power of two
-(at least 16), the stop-id list to a multiple of 8. Temperature, top-p, top-k, the penalties, the stop ids and
-the seed are runtime values; the sampling mode (greedy, plain, filtered) and whether there are penalties are
-static. `update_weights` swaps the parameters in
-memory: same shapes, no recompilation. Calls are serialised by a lock (one generation at a time; a weight update
-waits for the running generation), and `agenerate` runs `generate` in a worker thread.
+Compilation: shapes are bucketed, so recompilation is rare: the slots to the next power of two of the rows (at
+most `decode_slots`), the prefill's G prompts likewise, prompt width P and max_new_tokens N each to the next power
+of two (at least 16; the slots' cache holds P + N positions), the stop-id list to a multiple of 8, the chunk
+length a constant. Which slots a refill fills is a runtime mask, so an insert never recompiles. Temperature,
+top-p, top-k, the penalties, the stop ids and the seeds are runtime values; the sampling mode (greedy, plain,
+filtered) and whether there are penalties are static. `update_weights` swaps the parameters in memory: same
+shapes, no recompilation. Calls are serialised by a lock (one generation at a time; a weight update waits for
+the running generation), and `agenerate` runs `generate` in a worker thread. `stream_groups` yields each
+prompt's group as its last row finishes (the hook for judging a group while later groups sample).
 """
 
 import asyncio
@@ -172,7 +191,7 @@ def _count(counts_bv: Optional[jax.Array], token_b: jax.Array, live_b: jax.Array
 
 
 def sample_tokens(logits_bv, keys_b, step, temperature, top_k, top_p, mode: str) -> tuple[jax.Array, jax.Array]:
-    """(token_b int32, logprob_b float32) for one decode step; see the module docstring (3. and 4.). `step` is the
+    """(token_b int32, logprob_b float32) for one decode step; see the module docstring (5. and 6.). `step` is the
     sampling step of every row (a scalar) or of each row (int32 [B])."""
     if mode != GREEDY:
         logits_bv = logits_bv / temperature
