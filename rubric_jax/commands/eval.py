@@ -7,8 +7,10 @@ task and judge), with a progress bar and a JSON and markdown report.
 - `judge_failure(metrics, judge)`: training's failure budget (`JudgeConfig.max_failure_rate`) applied to the
   evaluation as a whole; `failed_judge_report` the report of an evaluation whose judge failed: what depends on
   its verdicts is null, "judge_failure" says why (the command then exits 1).
-- `markdown_report(metrics, title)`: the metrics as markdown tables: the overall ones, then the per-tag and
-  per-criterion-tag breakdowns (HealthBench's themes and axes); a value that is null or not finite reads "n/a".
+- `markdown_report(metrics, title)`: the metrics as markdown tables: the overall ones (an LLM judge's requests,
+  tokens, latency and, with a run config whose judge has `price_per_million_tokens`, cost among them:
+  "eval/judge/...", `training.accounting`), then the per-tag and per-criterion-tag breakdowns (HealthBench's themes
+  and axes); a value that is null or not finite reads "n/a".
 - `samples_markdown`, `write_report`: the judged samples as markdown; the report written as JSON and markdown.
 """
 
@@ -26,7 +28,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 from rubric_jax import arguments, strict_json
 from rubric_jax.inference.engine import RolloutEngine
 from rubric_jax.judges.base import Judge
-from rubric_jax.training.run_config import EvalConfig, JudgeConfig, RLConfig
+from rubric_jax.training.run_config import EvalConfig, JudgeConfig, RLConfig, TokenPrice
 from rubric_jax.yaml_config import load_config
 
 NAME = "eval"
@@ -212,7 +214,7 @@ def run(checked: CheckedEval, args) -> int:
             count = plan.count or int(task.data_metrics()["data/eval_rows"])
             metrics = evaluate_model(engine, tokenizer, task, checked.judge, task.eval_examples(count), plan.eval,
                                      max_new_tokens=args.max_new_tokens, seed=args.seed, recipes=args.recipe,
-                                     on_judged=shown)
+                                     on_judged=shown, judge_price=plan.judge.price_per_million_tokens)
     samples = samples_of(shown.records, shown.count)
     if samples:
         print(samples_markdown(samples), file=sys.stderr)
@@ -229,16 +231,18 @@ def run(checked: CheckedEval, args) -> int:
 
 def evaluate_model(engine: RolloutEngine, tokenizer: Any, task: Any, judge: Judge, examples: Sequence[Any],
                    config: EvalConfig, *, max_new_tokens: int, seed: int, recipes: Sequence[str] = (),
-                   chunk_examples: int = DEFAULT_CHUNK, on_judged: Optional[Callable] = None) -> dict[str, float]:
+                   chunk_examples: int = DEFAULT_CHUNK, on_judged: Optional[Callable] = None,
+                   judge_price: Optional[TokenPrice] = None) -> dict[str, float]:
     """`training.evaluate.evaluate` over `examples` in chunks of `chunk_examples`, with a progress bar on stderr
-    (`on_judged`: `evaluate`'s hook)."""
+    (`on_judged`, `judge_price`: `evaluate`'s)."""
     from tqdm import tqdm  # noqa: PLC0415
 
     from rubric_jax.training.evaluate import evaluate  # noqa: PLC0415
 
     with tqdm(total=len(examples), unit="example", desc="evaluating", file=sys.stderr) as bar:
         return evaluate(engine, tokenizer, task, judge, examples, config, max_new_tokens=max_new_tokens, seed=seed,
-                        recipes=recipes, chunk_examples=chunk_examples, progress=bar.update, on_judged=on_judged)
+                        recipes=recipes, chunk_examples=chunk_examples, progress=bar.update, on_judged=on_judged,
+                        judge_price=judge_price)
 
 
 def judge_failure(metrics: Mapping[str, float], judge: JudgeConfig) -> Optional[str]:

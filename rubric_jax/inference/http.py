@@ -20,11 +20,16 @@ Conventions:
 - Payloads are encoded as strict JSON (NaN or infinity in a payload is a ValueError at once), and bodies are
   decoded as strict JSON too (NaN/Infinity literals are malformed).
 - Every failed attempt is logged at WARNING with its reason.
+- Timing (`ClientStats.timing`, what a run's per-step judge accounting reads): a POST's latency is that of its
+  successful attempt alone, on the wire: from taking its in-flight slot to the whole body read (a retry is its own
+  request: the failed attempts and the backoff before it are not in it, nor is the wait for a slot, which is the
+  client's queue, not the server's answer); its end is `time.monotonic()` when it succeeded or failed for good.
 """
 
 import asyncio
 import collections
 import concurrent.futures
+import contextlib
 import dataclasses
 import json
 import logging
@@ -32,7 +37,7 @@ import math
 import random
 import threading
 import time
-from typing import Any, Callable, Coroutine, Mapping, Optional, TypeVar
+from typing import Any, Callable, Coroutine, Iterator, Mapping, Optional, TypeVar
 
 import aiohttp
 
@@ -134,6 +139,16 @@ class RequestFailed(Exception):
 
 
 @dataclasses.dataclass
+class RequestTimes:
+    """The POSTs a client finished while this record was open (`ClientStats.timing`; module docstring):
+    latencies_s, each successful one's latency in seconds, in the order they ended; last_ended_at, the
+    `time.monotonic()` end of the latest one, failed ones included (None before any ended)."""
+
+    latencies_s: list[float] = dataclasses.field(default_factory=list)
+    last_ended_at: Optional[float] = None
+
+
+@dataclasses.dataclass
 class ClientStats:
     """Counters of a client since its creation (mutable; read by metrics).
 
@@ -142,6 +157,8 @@ class ClientStats:
     retries:           attempts that were retries of a failed one.
     failures:          requests that raised RequestFailed.
     errors_by_reason:  failed attempts by reason (module docstring), retried or final.
+    Per-request times are kept only while someone times a stretch of work (`timing`), so a long run's client
+    holds no growing list.
     """
 
     requests: int = 0
@@ -149,6 +166,25 @@ class ClientStats:
     retries: int = 0
     failures: int = 0
     errors_by_reason: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    _timings: list[RequestTimes] = dataclasses.field(default_factory=list, init=False, repr=False, compare=False)
+
+    @contextlib.contextmanager
+    def timing(self) -> Iterator[RequestTimes]:
+        """The times of the POSTs that end inside the block (several blocks may be open at once)."""
+        times = RequestTimes()
+        self._timings.append(times)
+        try:
+            yield times
+        finally:
+            self._timings.remove(times)
+
+    def record_end(self, latency_s: Optional[float]) -> None:
+        """A POST ended now: successful after `latency_s` seconds, or failed for good (None)."""
+        ended_at = time.monotonic()
+        for times in tuple(self._timings):  # a copy: a block may close from another thread meanwhile
+            if latency_s is not None:
+                times.latencies_s.append(latency_s)
+            times.last_ended_at = ended_at
 
 
 class _AttemptError(Exception):
@@ -276,12 +312,20 @@ class JsonHttpClient:
 
     async def _attempt(self, method: str, path: str, body: Optional[bytes], timeout_s: float) -> tuple[int, bytes]:
         """One exchange under the in-flight bound: (status, body); _AttemptError on a transport failure."""
+        status, data, _ = await self._timed_attempt(method, path, body, timeout_s)
+        return status, data
+
+    async def _timed_attempt(self, method: str, path: str, body: Optional[bytes], timeout_s: float
+                             ) -> tuple[int, bytes, float]:
+        """`_attempt` with its seconds on the wire (module docstring: timing)."""
         session, semaphore = self._connection()
         timeout = aiohttp.ClientTimeout(total=timeout_s)
         async with semaphore:
+            started = time.monotonic()
             try:
                 async with session.request(method, self.base_url + path, data=body, timeout=timeout) as response:
-                    return response.status, await response.read()
+                    data = await response.read()
+                    return response.status, data, time.monotonic() - started
             except asyncio.TimeoutError as error:  # aiohttp's timeouts subclass it; test it before OSError
                 raise _AttemptError("timeout", True, detail=f"no complete answer within {timeout_s} s") from error
             except aiohttp.ClientResponseError as error:  # an answer that is not valid HTTP
@@ -305,17 +349,20 @@ class JsonHttpClient:
                 self.stats.retries += 1
             self.stats.attempts += 1
             try:
-                status, data = await self._attempt("POST", path, body, retry.timeout_s)
+                status, data, seconds = await self._timed_attempt("POST", path, body, retry.timeout_s)
                 if not 200 <= status < 300:
                     raise _AttemptError(f"http_{status}", status >= 500, status, _detail(data))
                 try:
-                    return validate(decode_json(data))
+                    answer = validate(decode_json(data))
                 except MalformedResponse as error:
                     raise _AttemptError("malformed", True, status, str(error)) from error
+                self.stats.record_end(seconds)
+                return answer
             except _AttemptError as error:
                 self._count_error(path, error, attempt, retry.max_attempts)
                 if not error.retryable or attempt == retry.max_attempts:
                     self.stats.failures += 1
+                    self.stats.record_end(None)
                     raise RequestFailed(path, attempt, error.reason, error.status, error.detail) from None
                 await asyncio.sleep(retry.backoff_s(attempt, self._rng))
         raise AssertionError("unreachable: the loop returns or raises")

@@ -46,6 +46,11 @@ Conventions:
     is at fault.
   A failed rollout gets every item unsatisfied with step -1 (`judges.base`); the algorithm's FailurePolicy
   decides its reward. `call_counts()` hands a run these counts and the schema violations, which it logs per step.
+- Tokens: each successful request's `usage` (`usage.prompt_tokens`, `usage.completion_tokens` of the OpenAI
+  chat-completion body; `chat_reply`) is summed in the client's `prompt_tokens` and `completion_tokens`; an
+  answer without a well-formed usage is counted in `replies_without_usage` instead (a server that sends none
+  shows as such, not as free). `call_counts()` hands these on too, as "prompt_tokens", "completion_tokens" and
+  "requests_without_usage". Only answers that came back count: a failed request's tokens, if billed, are unknown.
 - Responses and rubrics reach the judge only through the prompt functions of `rubric_jax.rubrics.prompts`,
   which fence them; the judge's output is data, read by the parsers of `rubric_jax.rubrics.parsing` alone.
 """
@@ -75,6 +80,7 @@ TRUNCATED = "truncated"  # an answer cut by max_tokens (finish_reason "length")
 FAILED_CRITERION = ("fail_rollout", "score_zero")  # what a failed per-criterion call does (module docstring)
 META_VERIFIER_FAILED = "meta_verifier_failed"  # the rejection of a criterion the meta-verifier did not clear
 UNLISTED_CATEGORY = "unlisted"  # an INVALID verdict that names none of the prompt's categories
+USAGE_KEYS = ("prompt_tokens", "completion_tokens", "requests_without_usage")  # the token counts of `call_counts`
 
 
 # The body fields the client sets itself (`ChatClient._payload`), which `extra_body` may not carry: its value
@@ -128,11 +134,13 @@ class ChatSettings:
 
 @dataclasses.dataclass(frozen=True)
 class ChatReply:
-    """The assistant's text and why it ended: OpenAI's `finish_reason` ("stop", "length" when max_tokens cut
-    it, ...; None when the server gives none)."""
+    """The assistant's text, why it ended (OpenAI's `finish_reason`: "stop", "length" when max_tokens cut it, ...;
+    None when the server gives none) and the tokens the server counted, (prompt_tokens, completion_tokens) of the
+    body's `usage` (None when it has no such object with both counts as non-negative integers)."""
 
     text: str
     finish_reason: Optional[str] = None
+    usage: Optional[tuple[int, int]] = None
 
     @property
     def truncated(self) -> bool:
@@ -152,11 +160,23 @@ def chat_reply(body: Any) -> ChatReply:
     if not isinstance(content, str):
         raise MalformedResponse("choices[0].message.content is not a string")
     finish_reason = choices[0].get("finish_reason")
-    return ChatReply(content, finish_reason if isinstance(finish_reason, str) else None)
+    return ChatReply(content, finish_reason if isinstance(finish_reason, str) else None, _usage(body.get("usage")))
+
+
+def _usage(usage: Any) -> Optional[tuple[int, int]]:
+    """(prompt_tokens, completion_tokens) of a body's `usage` object, None unless both are integers >= 0: an odd
+    usage leaves the answer good but its tokens unknown (`ChatClient.replies_without_usage`)."""
+    if not isinstance(usage, dict):
+        return None
+    counts = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in counts):
+        return None
+    return counts
 
 
 class ChatClient:
-    """Chat completions of one server: `complete(messages, schema)` returns the assistant's text."""
+    """Chat completions of one server: `complete(messages, schema)` returns the assistant's text. Counts, since its
+    creation, the tokens of its answers and the answers without usage (module docstring)."""
 
     def __init__(self, http: JsonHttpClient, settings: ChatSettings):
         self.http = http
@@ -164,6 +184,7 @@ class ChatClient:
         self.dialect = RESPONSE_FORMAT_DIALECTS[0] if settings.json_schema else "none"
         self.dialect_changes = 0
         self.schema_violations = 0
+        self.prompt_tokens = self.completion_tokens = self.replies_without_usage = 0
 
     @property
     def schemas_sent(self) -> bool:
@@ -227,7 +248,15 @@ class ChatClient:
             if schema is not None and _rank(dialect) < _rank(self.dialect):
                 self.dialect = dialect
                 self.dialect_changes += 1
+            self._count_usage(answer.usage)
             return answer
+
+    def _count_usage(self, usage: Optional[tuple[int, int]]) -> None:
+        if usage is None:
+            self.replies_without_usage += 1
+            return
+        self.prompt_tokens += usage[0]
+        self.completion_tokens += usage[1]
 
 
 RESPONSE_FORMAT_DIALECTS = ("json_schema", "json_object", "none")
@@ -433,10 +462,12 @@ def _failed_answer(chat: ChatClient, failures: FailureCounter, reason: str, deta
 
 def call_counts(chat: ChatClient, failures: FailureCounter) -> dict[str, int]:
     """The calls of a judge or meta-verifier since its creation: "calls" (each counted once, failed ones
-    included), "call_failures", "call_failed/<reason>" and "schema_violations" (`ChatClient.note_unparsed`)."""
+    included), "call_failures", "call_failed/<reason>" and "schema_violations" (`ChatClient.note_unparsed`), and
+    its answers' tokens: "prompt_tokens", "completion_tokens", "requests_without_usage" (module docstring)."""
     return {"calls": failures.parsed, "call_failures": failures.failed,
             **{f"call_failed/{reason}": n for reason, n in sorted(failures.by_reason.items())},
-            "schema_violations": chat.schema_violations}
+            "schema_violations": chat.schema_violations,
+            **dict(zip(USAGE_KEYS, (chat.prompt_tokens, chat.completion_tokens, chat.replies_without_usage)))}
 
 
 class _LLMJudge(Judge):

@@ -20,6 +20,10 @@ For E examples and k = `samples_per_example` samples each (greedy when temperatu
 - "eval/judge/failure_rate": the fraction of samples whose verdict failed (always reported, 0 when none did), and
   "eval/judge/failed/<reason>" their counts by reason; `rubric-jax eval` holds the rate to the judge's failure
   budget (`benchmark.judge_failure`), the RL trainer logs it with each in-training evaluation;
+- for a judge over HTTP, what it used (`training.accounting`, `evaluation_metrics`): "eval/judge/requests",
+  "eval/judge/request_failures", "eval/judge/prompt_tokens", "eval/judge/completion_tokens",
+  "eval/judge/requests_without_usage", "eval/judge/latency_p50_s" and "eval/judge/latency_p95_s" (of its
+  successful requests), and "eval/judge/cost" (USD) when the judge has a price (`judge_price`);
 - "eval/<recipe>/...": the analyses that recipes contribute through the registry
   (`registry.register(name, eval_metrics=fn)`), for each recipe the caller names in `recipes` (the RL trainer:
   its algorithm) and each the task names in its `eval_recipes` attribute (a tuple of registered names; the
@@ -54,8 +58,9 @@ from rubric_jax.inference.engine import RolloutEngine
 from rubric_jax.judges.base import Judge, JudgeRequest, Verdicts
 from rubric_jax.rubrics.schema import RubricArrays, rubric_arrays
 from rubric_jax.rubrics.steps import response_text, split_steps
+from rubric_jax.training.accounting import evaluation_metrics, metered
 from rubric_jax.training.assembly import saved_model_engine
-from rubric_jax.training.run_config import EvalConfig
+from rubric_jax.training.run_config import EvalConfig, TokenPrice
 
 
 def evaluate(
@@ -72,10 +77,11 @@ def evaluate(
     chunk_examples: Optional[int] = None,
     progress: Optional[Callable[[int], None]] = None,
     on_judged: Optional[Callable[[Sequence[JudgeRequest], Verdicts], None]] = None,
+    judge_price: Optional[TokenPrice] = None,
 ) -> dict[str, float]:
     """The module docstring's metrics for `examples`, with the analyses of `recipes` and `task.eval_recipes`
     (ValueError for a name no recipe is registered under), sampled as `config` says, up to `max_new_tokens`
-    tokens when `config` sets no budget of its own.
+    tokens when `config` sets no budget of its own; the judge's cost at `judge_price` (None: none reported).
 
     `chunk_examples`: sample and judge that many examples at a time (None: all at once), chunk i sampled with seed
     `seed + i`, and `progress(n)` called after each chunk with its number of examples (a progress bar's update).
@@ -86,24 +92,25 @@ def evaluate(
     rubrics_e = [task.rubric(e) for e in examples]
     max_items = max((len(r.criteria) for r in rubrics_e), default=0)
     lengths, texts, owners, rubrics, parts, failed = [], [], [], [], [], 0
-    for i, start in enumerate(range(0, len(examples), step)):
-        chunk = examples[start:start + step]
-        params = config.sampling_params(max_new_tokens, seed + i)
-        samples = engine.generate([task.prompt(e) for e in chunk], params)
-        chunk_texts = [response_text(tokenizer, s.output_ids) for s in samples]
-        chunk_owners = [chunk[s.prompt_index] for s in samples]
-        chunk_rubrics = [rubrics_e[start + s.prompt_index] for s in samples]
-        requests = [
-            JudgeRequest(task.question(e), t, r, task.reference(e), len(split_steps(t)), tuple(task.prompt(e)))
-            for e, t, r in zip(chunk_owners, chunk_texts, chunk_rubrics)]
-        parts.append(judge.judge(requests, max_items))
-        if on_judged is not None:
-            on_judged(requests, parts[-1])
-        lengths += [len(s.output_ids) for s in samples]
-        failed += sum(bool(s.failure) for s in samples)
-        texts, owners, rubrics = texts + chunk_texts, owners + chunk_owners, rubrics + chunk_rubrics
-        if progress is not None:
-            progress(len(chunk))
+    with metered(judge) as judging:
+        for i, start in enumerate(range(0, len(examples), step)):
+            chunk = examples[start:start + step]
+            params = config.sampling_params(max_new_tokens, seed + i)
+            samples = engine.generate([task.prompt(e) for e in chunk], params)
+            chunk_texts = [response_text(tokenizer, s.output_ids) for s in samples]
+            chunk_owners = [chunk[s.prompt_index] for s in samples]
+            chunk_rubrics = [rubrics_e[start + s.prompt_index] for s in samples]
+            requests = [
+                JudgeRequest(task.question(e), t, r, task.reference(e), len(split_steps(t)), tuple(task.prompt(e)))
+                for e, t, r in zip(chunk_owners, chunk_texts, chunk_rubrics)]
+            parts.append(judge.judge(requests, max_items))
+            if on_judged is not None:
+                on_judged(requests, parts[-1])
+            lengths += [len(s.output_ids) for s in samples]
+            failed += sum(bool(s.failure) for s in samples)
+            texts, owners, rubrics = texts + chunk_texts, owners + chunk_owners, rubrics + chunk_rubrics
+            if progress is not None:
+                progress(len(chunk))
     verdicts = Verdicts.concatenate(parts)
     correct = np.array([task.is_correct(t, e) for t, e in zip(texts, owners)], bool).reshape(len(examples), k)
     items = rubric_arrays(rubrics, max_items)
@@ -112,7 +119,7 @@ def evaluate(
     scores = np.asarray(rewards.weighted_fraction(
         credit_bk, jnp.asarray(items.item_weight_bk), jnp.asarray(items.item_mask_bk)))
     outcome = has_outcome(task)
-    metrics = {}
+    metrics = evaluation_metrics("eval/judge", judging, judge_price)
     if outcome:
         metrics.update({"eval/accuracy": float(correct.mean()), f"eval/pass@{k}": float(correct.any(axis=1).mean())})
     if max_items:

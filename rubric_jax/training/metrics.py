@@ -31,10 +31,12 @@ from rubric_jax import strict_json
 
 METRICS_FILE = "metrics.jsonl"
 SAMPLES_FILE = "samples.jsonl"
-# The eval/* keys are on the console on the steps where an evaluation ran (a key a step lacks is not shown);
-# eval/accuracy only for tasks with outcome answers, eval/points_score only for rubrics with signed points.
-DEFAULT_CONSOLE_KEYS = ("reward/mean", "judge/failure_rate", "judge/call_failure_rate", "train/loss", "train/grad_norm",
-                        "train/entropy", "eval/rubric_score", "eval/points_score", "eval/accuracy")
+# A key a step lacks is not shown: the judge's tokens and p95 latency only for an LLM judge (`training.accounting`),
+# its cost only when priced; the eval/* keys on the steps where an evaluation ran, eval/accuracy only for tasks with
+# outcome answers, eval/points_score only for rubrics with signed points.
+DEFAULT_CONSOLE_KEYS = ("reward/mean", "judge/failure_rate", "judge/call_failure_rate", "judge/prompt_tokens",
+                        "judge/completion_tokens", "judge/latency_p95_s", "judge/cost", "train/loss",
+                        "train/grad_norm", "train/entropy", "eval/rubric_score", "eval/points_score", "eval/accuracy")
 
 
 def _scalar(key: str, value) -> Union[int, float]:
@@ -239,13 +241,15 @@ def plot_metrics(
 
 
 class PhaseTimer:
-    """Wall time per named phase of a step: `with timer.phase("generation"): ...`, summed over repeats.
+    """Wall time per named phase of a step: `with timer.phase("generation"): ...`, summed over repeats, and when
+    each phase last ended (`ended_at`).
 
     JAX dispatches asynchronously: a phase measures device work only if it blocks on its results before it ends.
     """
 
     def __init__(self):
         self._seconds: dict[str, float] = {}
+        self._ended_at: dict[str, float] = {}
         self._active: Optional[str] = None
 
     @contextmanager
@@ -258,7 +262,12 @@ class PhaseTimer:
             yield
         finally:
             self._seconds[name] = self._seconds.get(name, 0.0) + time.perf_counter() - start
+            self._ended_at[name] = time.monotonic()  # the clock of the HTTP client's request ends
             self._active = None
+
+    def ended_at(self, name: str) -> Optional[float]:
+        """`time.monotonic()` when the last phase `name` ended since the last `reset`; None if none did."""
+        return self._ended_at.get(name)
 
     def metrics(self) -> dict[str, float]:
         """{"time/<phase>": seconds, ..., "time/step": their sum} since the last `reset`."""
@@ -266,3 +275,4 @@ class PhaseTimer:
 
     def reset(self):
         self._seconds.clear()
+        self._ended_at.clear()

@@ -75,6 +75,7 @@ from rubric_jax.inference.engine import SamplingParams
 from rubric_jax.judges.records import FirstJudged, RecordingJudge
 from rubric_jax.models import sharding
 from rubric_jax.training import assembly, data_parallel, multihost, policy, runs
+from rubric_jax.training.accounting import RunCosts
 from rubric_jax.training.checkpoint import Checkpointer
 from rubric_jax.training.evaluate import evaluate, evaluate_benchmarks
 from rubric_jax.training.experience import SampledExperience, request_metrics, sample_experience
@@ -170,7 +171,10 @@ def _train_rl(config: RLConfig, task: Any, *, judge, model, tokenizer, benchmark
                context=context, recorder=recorder, judge=clients.judge, benchmarks=benchmarks,
                eval_examples=task.eval_examples(config.eval.num_examples) if config.eval.every_steps else [],
                writer=runs.open_metrics(out, config.metrics, config.steps, meta, console_keys(algorithm)),
-               checkpointer=checkpointer, pending=pending)
+               checkpointer=checkpointer, pending=pending,
+               costs=RunCosts({"judge": config.judge.price_per_million_tokens,
+                               "meta_verifier": config.meta_verifier.price_per_million_tokens},
+                              meta["metrics"] if meta else {}))
     metrics: dict[str, float] = {}
     with _running(run, clients, frozen_engine) as (background, stop):
         for step in range(start, config.steps):
@@ -356,6 +360,7 @@ class _Run:
     writer: MetricsWriter
     checkpointer: Checkpointer
     pending: Optional[SampledExperience]  # the next step's experience, when sampled ahead (`RolloutConfig.overlap`)
+    costs: RunCosts  # the priced roles' costs, the run's totals carried from the checkpoint it resumed
     budgets: tuple[FailureBudget, ...] = dataclasses.field(init=False)
     data_metrics: dict[str, float] = dataclasses.field(init=False)
     requests_seen: dict[str, dict[str, int]] = dataclasses.field(init=False)  # each HTTP client's reported counts
@@ -444,7 +449,7 @@ class _Run:
         """Step `step`'s metrics line before its rollout log, evaluation and times: the task's data metrics, the
         experience's (`SampledExperience.metrics`), the learner's (`learner.learn`), the step's HTTP requests of
         the judge, the meta-verifier and the engine (`request_metrics`), the judge's and the meta-verifier's
-        format metrics, and the learning rate."""
+        format metrics and costs (`accounting.RunCosts`), and the learning rate."""
         meta_verifier = self.context.meta_verifier
         clients = {"judge": self.judge, "meta_verifier": meta_verifier, "engine": self.engine}
         requests = {key: value for name, client in clients.items()
@@ -454,7 +459,7 @@ class _Run:
                 **{f"judge/{key}": value for key, value in self.judge.format_metrics().items()},
                 **({f"meta_verifier/{key}": value for key, value in meta_verifier.format_metrics().items()}
                    if meta_verifier is not None else {}),
-                "train/learning_rate": self.learner.learning_rate(step)}
+                **self.costs.step(sampled.metrics), "train/learning_rate": self.learner.learning_rate(step)}
 
     def evaluate_when_due(self, step: int) -> dict[str, float]:
         """Every `eval.every_steps`: the held-out examples' and the benchmarks' metrics after step `step`, its
@@ -468,7 +473,7 @@ class _Run:
             shown = FirstJudged(self.config.eval.log_samples, f"eval-{step + 1}", step + 1)
             metrics = {**evaluate(self.engine, tokenizer, self.task, self.judge, self.eval_examples, self.config.eval,
                                   max_new_tokens=max_new_tokens, seed=self.config.seed, recipes=recipes,
-                                  on_judged=shown),
+                                  on_judged=shown, judge_price=self.config.judge.price_per_million_tokens),
                        **evaluate_benchmarks(self.engine, tokenizer, self.benchmarks, self.config.eval,
                                              max_new_tokens=max_new_tokens, seed=self.config.seed, recipes=recipes)}
         self.writer.write_samples(step + 1, samples_of(shown.records, shown.count), phase="eval")

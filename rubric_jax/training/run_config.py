@@ -435,6 +435,22 @@ class RolloutLogConfig:
         _require(self.samples_per_step >= 0, f"samples_per_step must be >= 0 (0: off), got {self.samples_per_step}")
 
 
+@dataclasses.dataclass(frozen=True)
+class TokenPrice:
+    """What an LLM role's tokens cost, in USD per million: `prompt` (input) and `completion` (output) tokens, both
+    given, each a finite number >= 0. A run logs "<role>/cost" (its step's prompt_tokens * prompt +
+    completion_tokens * completion, over 1e6) and "<role>/cost_total" (the run's so far, carried across a resume)
+    (`training.accounting`)."""
+
+    prompt: float
+    completion: float
+
+    def __post_init__(self):
+        for name in ("prompt", "completion"):
+            value = getattr(self, name)
+            _require(math.isfinite(value) and value >= 0, f"{name} must be a finite number >= 0, got {value}")
+
+
 def _check_chat_role(config: Any, section: str) -> None:
     """The checks an LLM role's section shares (`JudgeConfig`, `MetaVerifierConfig`): url and model exactly with
     kind llm, positive counts, a non-negative temperature and a positive timeout, an environment variable's name
@@ -449,6 +465,8 @@ def _check_chat_role(config: Any, section: str) -> None:
              f"{section}.temperature must be >= 0, timeout_s > 0")
     check_credentials(config.api_key_env, config.headers, section)
     check_request_options(config.chat_template_kwargs, config.extra_body, section)
+    _require(llm or config.price_per_million_tokens is None,
+             f"{section}.price_per_million_tokens is for {section}.kind llm only")
 
 
 CRITERION_FORMATS = ("rating", "healthbench")  # the judge formats of one call per criterion
@@ -483,7 +501,12 @@ class JudgeConfig:
     it answers; `extra_body`, fields added to every request body as they are, e.g. {reasoning_effort: low} for
     gpt-oss. A key of extra_body the client sets itself (model, messages, temperature, max_tokens, seed,
     response_format, ...: `llm.CLIENT_FIELDS`) is refused here. `transformers serve` refuses a request with
-    either (422)."""
+    either (422).
+
+    Accounting (`training.accounting`): every step logs the judge's tokens (read from each answer's `usage`),
+    its requests' latency and how long the step waited for it after sampling; `price_per_million_tokens`
+    ({prompt: x, completion: y}, USD per million tokens, `TokenPrice`; None: no cost logged) adds
+    "judge/cost" and "judge/cost_total". It may change on a relaunch (a total then goes on at the new price)."""
 
     kind: Literal["task", "llm"] = "task"
     url: Optional[str] = None
@@ -502,6 +525,7 @@ class JudgeConfig:
     failed_criterion: Literal["fail_rollout", "score_zero"] = "fail_rollout"
     chat_template_kwargs: dict = dataclasses.field(default_factory=dict)
     extra_body: dict = dataclasses.field(default_factory=dict)
+    price_per_million_tokens: Optional[TokenPrice] = None
 
     def __post_init__(self):
         _check_chat_role(self, "judge")
@@ -523,9 +547,10 @@ class MetaVerifierConfig:
     world), or "llm", an OpenAI-compatible chat server at `url` serving `model`, asked with Appendix C's prompt of
     `domain` ("medical": Table 6, "writing_science": Table 7), one call per proposed criterion
     (`judges.llm.LLMMetaVerifier`). The decoding (`temperature`, `max_tokens`), the HTTP fields
-    (`max_in_flight`, `max_attempts`, `timeout_s`), the authentication (`api_key_env`, `headers`) and the request
-    options (`chat_template_kwargs`, `extra_body`) are `JudgeConfig`'s; its server gets a preflight request
-    before step 1 as the judge's does."""
+    (`max_in_flight`, `max_attempts`, `timeout_s`), the authentication (`api_key_env`, `headers`), the request
+    options (`chat_template_kwargs`, `extra_body`) and the accounting (`price_per_million_tokens`: "meta_verifier/
+    cost" and "meta_verifier/cost_total") are `JudgeConfig`'s; its server gets a preflight request before step 1
+    as the judge's does."""
 
     kind: Literal["task", "llm"] = "task"
     url: Optional[str] = None
@@ -540,6 +565,7 @@ class MetaVerifierConfig:
     headers: dict = dataclasses.field(default_factory=dict)
     chat_template_kwargs: dict = dataclasses.field(default_factory=dict)
     extra_body: dict = dataclasses.field(default_factory=dict)
+    price_per_million_tokens: Optional[TokenPrice] = None
 
     def __post_init__(self):
         _check_chat_role(self, "meta_verifier")

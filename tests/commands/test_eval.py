@@ -121,3 +121,38 @@ def test_benchmark_tasks_read_their_rows_not_their_rubrics_and_name_what_does_no
                          (EvalBenchmark(preset="rar", path=str(fixture_path("rar"))), "preset rar has no answers")):
         with pytest.raises(ValueError, match=f"^eval.benchmarks.x: .*{message}"):
             assembly.benchmark_tasks(EvalConfig(benchmarks={"x": bad}), seed=0)
+
+
+def test_the_report_shows_what_an_llm_judge_used_and_cost(tmp_path):
+    """An LLM judge over HTTP (the stand-in, one call per criterion): its requests, the tokens of its answers'
+    usage, its latencies and its cost at the run config's price are in the JSON and markdown reports."""
+    from rubric_jax.training.run_config import JudgeConfig, TokenPrice  # noqa: PLC0415
+    from tests.inference.standin_server import StandinServer  # noqa: PLC0415
+
+    task = build_task("dataset", eval_command.dataset_params("rgr", str(fixture_path("rgr"))), 0)
+    examples = task.eval_examples(2)
+    tokenizer = task.tokenizer()
+    price = TokenPrice(prompt=0.05, completion=0.2)
+    with StandinServer(responder=lambda messages: '{"rating": 1}') as server:
+        config = JudgeConfig(kind="llm", url=server.base_url, model="judge", format="rating",
+                             price_per_million_tokens=price)
+        judge = assembly.make_judge(config, task, 0)
+        try:
+            metrics = eval_command.evaluate_model(TextEngine(tokenizer, "42"), tokenizer, task, judge, examples,
+                                                  EvalConfig(), max_new_tokens=8, seed=0,
+                                                  judge_price=config.price_per_million_tokens)
+        finally:
+            judge.close()
+        calls = len(server.chat_requests)
+        prompt = sum(len(m["content"].split()) for body in server.chat_requests for m in body["messages"])
+    assert calls == sum(len(e.rubric.criteria) for e in examples)
+    assert metrics["eval/judge/requests"] == calls and metrics["eval/judge/request_failures"] == 0
+    assert metrics["eval/judge/prompt_tokens"] == prompt and metrics["eval/judge/completion_tokens"] == 2 * calls
+    assert metrics["eval/judge/requests_without_usage"] == 0
+    assert 0 < metrics["eval/judge/latency_p50_s"] <= metrics["eval/judge/latency_p95_s"]
+    assert metrics["eval/judge/cost"] == pytest.approx((prompt * 0.05 + 2 * calls * 0.2) / 1e6)
+    markdown = eval_command.write_report(metrics, str(tmp_path / "report.json"), "rgr").read_text()
+    report = json.loads((tmp_path / "report.json").read_text())
+    for key in ("requests", "prompt_tokens", "completion_tokens", "latency_p95_s", "cost"):
+        assert report[f"eval/judge/{key}"] == metrics[f"eval/judge/{key}"]
+        assert f"| eval/judge/{key} | " in markdown

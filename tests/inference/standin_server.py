@@ -51,7 +51,9 @@ Endpoints (what SGLang 0.5.23 answers, REFERENCE.md section 3):
   choose the verdicts); `response_format` of type text, json_object or json_schema (with a `schema` object) is
   accepted, anything else is a 400; a responder that raises gives a 500; a `Truncated` answer is sent with
   finish_reason "length" (max_tokens cut it), any other with "stop". Every request body is kept in
-  `chat_requests`.
+  `chat_requests`. The answer carries OpenAI's `usage` object (prompt_tokens: the messages' contents' tokens,
+  completion_tokens: the answers', total_tokens; counted by the tokenizer, else as whitespace-separated words),
+  unless `chat_usage` is False (a server that sends none).
 
 Faults (`inject`): a FIFO queue; each request takes the first queued fault whose `path` matches (None matches
 every path) before it is served, and `faults_served` records (path, kind). Served instead of the answer:
@@ -273,7 +275,8 @@ class StandinServer:
     """The stand-in (module docstring) on 127.0.0.1, a free port; `base_url` once started.
 
     engine:     serves /generate and /update_weights_from_disk (None: those answer 503).
-    tokenizer:  for `text` prompts, decoding `text` when the engine gives none, and chat token counts.
+    tokenizer:  for `text` prompts, decoding `text` when the engine gives none, and chat token counts (without one,
+                a chat answer's usage counts whitespace-separated words).
     responder:  answers /v1/chat/completions (None: 503).
     latency_s:  added to every POST answer (settable while running).
     model_path: the served path at first (/model_info, /v1/models), and /model_info's tokenizer_path.
@@ -285,8 +288,9 @@ class StandinServer:
     context_length: the longest prompt is one token shorter; None: the engine's model's max_position_embeddings
                 (an engine with a `_config`), else no limit.
 
-    Settable while running: `latency_s`, `load_delay_s` (seconds each weight load sleeps). `served_model_path` is
-    the path /model_info and /v1/models report.
+    Settable while running: `latency_s`, `load_delay_s` (seconds each weight load sleeps), `chat_usage` (whether
+    chat answers carry a `usage` object; True at first). `served_model_path` is the path /model_info and
+    /v1/models report.
     """
 
     def __init__(
@@ -308,6 +312,7 @@ class StandinServer:
         self.responder = responder
         self.latency_s = latency_s
         self.load_delay_s = 0.0
+        self.chat_usage = True
         self.model_path = model_path
         self.served_model_path = model_path
         self.deterministic_inference = deterministic_inference
@@ -766,7 +771,9 @@ class StandinServer:
         return messages
 
     def _count_tokens(self, text: str) -> int:
-        return len(self.tokenizer.encode(text, add_special_tokens=False)) if self.tokenizer is not None else 0
+        if self.tokenizer is None:
+            return len(text.split())
+        return len(self.tokenizer.encode(text, add_special_tokens=False))
 
     async def _chat_completions(self, request: web.Request) -> web.Response:
         if self.responder is None:
@@ -786,7 +793,7 @@ class StandinServer:
             return _error(500, f"responder failed: {error}")
         prompt_tokens = sum(self._count_tokens(m["content"]) for m in messages)
         completion_tokens = sum(self._count_tokens(c) for c in contents)
-        return web.json_response({
+        answer = {
             "id": uuid.uuid4().hex,
             "object": "chat.completion",
             "created": int(time.time()),
@@ -801,7 +808,10 @@ class StandinServer:
             "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                       "total_tokens": prompt_tokens + completion_tokens},
             "metadata": {"weight_version": self._weight_version()},
-        })
+        }
+        if not self.chat_usage:
+            del answer["usage"]
+        return web.json_response(answer)
 
 
 def _error(status: int, message: str) -> web.Response:

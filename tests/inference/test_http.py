@@ -5,6 +5,7 @@ import asyncio
 import math
 import random
 import socket
+import time
 
 import pytest
 from hypothesis import given
@@ -322,3 +323,26 @@ def test_repeated_failures_are_collapsed_into_counted_warnings(caplog):
     assert len(warnings) == 2
     assert warnings[0].endswith("(failure 1 of this kind)") and warnings[1].endswith("(failure 10 of this kind)")
     assert f"http://127.0.0.1:{port}/v1/chat/completions attempt 1/1 failed: connection" in warnings[0]
+
+
+def test_timing_keeps_each_successful_requests_wire_time_and_every_requests_end(chat_standin, client):
+    """Inside `stats.timing()`: one latency per successful request, a retried one timed by its successful attempt
+    alone (its timed-out attempt and the backoff are not in it); a request that fails for good ends without a
+    latency; requests before the block, or after it, are not in it."""
+    post(client)
+    with client.stats.timing() as times:
+        post(client)
+        slow_policy = RetryPolicy(max_attempts=2, initial_backoff_s=0.001, max_backoff_s=0.002, timeout_s=0.3)
+        chat_standin.inject(slow(5.0))
+        started = time.monotonic()
+        client.run_sync(client.post_json(CHAT, BODY, content, retry=slow_policy))
+        elapsed = time.monotonic() - started
+        assert len(times.latencies_s) == 2 and times.latencies_s[1] <= elapsed - 0.3  # the first attempt: >= 0.3 s
+        ended = times.last_ended_at
+        chat_standin.inject(*[http_error(500)] * FAST.max_attempts)
+        with pytest.raises(RequestFailed):
+            post(client)
+        assert len(times.latencies_s) == 2 and times.last_ended_at > ended
+    post(client)
+    assert len(times.latencies_s) == 2 and client.stats.requests == 5
+    assert all(latency > 0 for latency in times.latencies_s)

@@ -99,7 +99,10 @@ def test_under_the_schema_every_rating_parses_and_without_it_none_does(make_chat
     assert judge.failures.failed == 0 and judge.http_stats() == ClientStats(requests=4, attempts=4)
     assert judge.format_metrics() == {"response_format": {"json_schema": 2.0, "json_object": 1.0}[dialect],
                                       "dialect_changes": 0.0}
-    assert judge.call_counts() == {"calls": 4, "call_failures": 0, "schema_violations": 0}
+    counts = judge.call_counts()
+    assert {key: counts.pop(key) for key in ("calls", "call_failures", "schema_violations")} == {
+        "calls": 4, "call_failures": 0, "schema_violations": 0}
+    assert counts["prompt_tokens"] > 0 and counts["completion_tokens"] > 0 and counts["requests_without_usage"] == 0
 
     free = CriterionLLMJudge(make_chat("none"), fmt)
     verdicts = free.judge(requests, max_items=2)

@@ -17,7 +17,9 @@ from rubric_jax.judges.llm import (
     REQUEST_FAILED,
     TRUNCATED,
     UNLISTED_CATEGORY,
+    USAGE_KEYS,
     ChatClient,
+    ChatReply,
     ChatSettings,
     CriterionLLMJudge,
     LLMMetaVerifier,
@@ -129,6 +131,11 @@ def test_a_request_out_of_retries_fails_the_rollout_not_the_run(server, make_jud
     assert judge.failures.by_reason == {REQUEST_FAILED: 1} and judge.chat.http.stats.failures == 1
 
 
+def calls_of(judge) -> dict:
+    """A judge's or meta-verifier's `call_counts` without its token counts (`USAGE_KEYS`: tested on their own)."""
+    return {key: count for key, count in judge.call_counts().items() if key not in USAGE_KEYS}
+
+
 def _formats(server) -> list:
     return [(b.get("response_format") or {}).get("type") for b in server.chat_requests]
 
@@ -142,7 +149,7 @@ def test_a_4xx_to_a_schema_moves_to_the_next_dialect_once_that_works(server, mak
     judge.judge([srar_request("y")], max_items=3)
     assert _formats(server) == ["json_object", "json_object"]  # the 400 was not recorded
     assert judge.format_metrics() == {"response_format": 1.0, "dialect_changes": 1.0}
-    assert judge.call_counts() == {"calls": 2, "call_failures": 0, "schema_violations": 0}
+    assert calls_of(judge) == {"calls": 2, "call_failures": 0, "schema_violations": 0}
     assert "schema" in server.chat_requests[0]["response_format"]
 
 
@@ -180,7 +187,7 @@ def test_a_server_that_ignores_the_schema_shows_as_schema_violations(server, mak
     judge = make_judge(server, RolloutLLMJudge, srar_format())
     verdicts = judge.judge([srar_request("x"), srar_request("y")], max_items=3)
     assert verdicts.failed_b.all() and judge.chat.dialect == "json_schema"
-    assert judge.call_counts() == {"calls": 2, "call_failures": 2, "call_failed/no_json": 2, "schema_violations": 2}
+    assert calls_of(judge) == {"calls": 2, "call_failures": 2, "call_failed/no_json": 2, "schema_violations": 2}
     assert verdicts.answers == ("The response looks fine to me.",) * 2  # the raw answer is kept
 
 
@@ -298,7 +305,7 @@ def test_criterion_judge_every_call_failing_names_the_first_and_counts_them_all(
     assert verdicts.details[0].startswith("criteria[0] 'States 42': ")
     assert verdicts.details[0].endswith("(3 of 3 criterion calls failed)")
     assert verdicts.answers[0] == long_answer[:ANSWER_CHARS] + " [... cut: 1000 characters in all]"
-    assert judge.call_counts() == {"calls": 6, "call_failures": 6, "call_failed/no_json": 6, "schema_violations": 6}
+    assert calls_of(judge) == {"calls": 6, "call_failures": 6, "call_failed/no_json": 6, "schema_violations": 6}
 
 
 def test_criterion_judge_score_zero_keeps_the_rollout_judged_and_counts_the_call(server, make_judge):
@@ -313,7 +320,7 @@ def test_criterion_judge_score_zero_keeps_the_rollout_judged_and_counts_the_call
         verdicts = judge.judge([JudgeRequest(question="q", response="r", rubric=RGR_RUBRIC)], max_items=3)
         np.testing.assert_array_equal(verdicts.satisfied_bk, [[1, 0, 0]])
         assert not verdicts.failed_b.any()
-        assert judge.call_counts() == {"calls": 3, "call_failures": 2, "call_failed/out_of_bounds": 1,
+        assert calls_of(judge) == {"calls": 3, "call_failures": 2, "call_failed/out_of_bounds": 1,
                                        "call_failed/truncated": 1, "schema_violations": 1}
         def broken(messages):
             if "Cites the source" in user_text(messages):
@@ -491,7 +498,7 @@ def test_meta_verifier_one_call_per_criterion_verdicts_and_failures(server, make
     stats = verifier.http_stats()
     assert stats.requests == 5 and stats.retries == 1 and stats.failures == 0
     assert verifier.failures.parsed == 5 and verifier.failures.by_reason == {"no_json": 1}
-    assert verifier.call_counts() == {"calls": 5, "call_failures": 1, "call_failed/no_json": 1, "schema_violations": 1}
+    assert calls_of(verifier) == {"calls": 5, "call_failures": 1, "call_failed/no_json": 1, "schema_violations": 1}
 
     body = next(b for b in server.chat_requests if target_text(b["messages"]) == "Mentions the dose")
     assert body["model"] == "meta" and body["temperature"] == 0.0
@@ -533,7 +540,7 @@ def test_meta_verifier_truncated_answer_rejects_the_criterion_and_is_counted(ser
     verifier = make_meta_verifier(server)
     request = MetaVerifyRequest("q", (Criterion("Names the dose", weight=3.0),), ())
     assert verifier.verify([request]) == [(META_VERIFIER_FAILED,)]
-    assert verifier.call_counts() == {"calls": 1, "call_failures": 1, "call_failed/truncated": 1,
+    assert calls_of(verifier) == {"calls": 1, "call_failures": 1, "call_failed/truncated": 1,
                                       "schema_violations": 0}
 
 
@@ -549,3 +556,28 @@ def test_failed_answers_are_logged_with_the_answer_collapsed_by_reason(server, m
     warnings = [r.getMessage() for r in records if r.levelno == logging.WARNING]
     assert [w.split("(failure ")[1].split(" ")[0] for w in warnings] == ["1", "10"]
     assert all(" answered no_json: " in w and w.endswith("the answer: 'no verdict here'") for w in warnings)
+
+
+def test_answers_usage_is_summed_and_an_answer_without_one_is_counted_apart(server, make_judge):
+    """The stand-in's `usage` (words of the messages and of the answer) summed over the calls; with no usage in the
+    answers, the calls count as requests without usage and add no tokens."""
+    answer = srar_answer([(True, 1)] * 3)
+    server.responder = lambda m: answer
+    judge = make_judge(server, RolloutLLMJudge, srar_format())
+    judge.judge([srar_request("x = 7"), srar_request("x is 7, since 4 + 3 = 7")], max_items=3)
+    prompt = sum(len(m["content"].split()) for body in server.chat_requests for m in body["messages"])
+    tokens = {"prompt_tokens": prompt, "completion_tokens": 2 * len(answer.split()), "requests_without_usage": 0}
+    assert {key: judge.call_counts()[key] for key in USAGE_KEYS} == tokens
+    server.chat_usage = False
+    judge.judge([srar_request("7")], max_items=3)
+    assert {key: judge.call_counts()[key] for key in USAGE_KEYS} == {**tokens, "requests_without_usage": 1}
+
+
+@pytest.mark.parametrize("usage", [None, "12", {}, {"prompt_tokens": 3}, {"prompt_tokens": 3, "completion_tokens": -1},
+                                   {"prompt_tokens": True, "completion_tokens": 1},
+                                   {"prompt_tokens": 3.0, "completion_tokens": 1}])
+def test_an_odd_usage_leaves_the_reply_good_and_its_tokens_unknown(usage):
+    body = {"choices": [{"message": {"content": "ok"}, "finish_reason": "stop"}], "usage": usage}
+    assert chat_reply(body) == ChatReply("ok", "stop", None)
+    body["usage"] = {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}
+    assert chat_reply(body).usage == (3, 1)

@@ -34,7 +34,7 @@ class ModelsServer:
     """GET /v1/models answered 200 listing "served-judge" when the request carries "Authorization: Bearer KEY"
     (or when no key is required), else 401; every request's headers are kept. POST /v1/chat/completions answers
     `answer` under "served-judge", and under any other name only with `any_name` (as SGLang), else 404 (as
-    vLLM)."""
+    vLLM), with a `usage` object as servers send it (tokens counted as words)."""
 
     def __init__(self, require_key: bool, answer: str = '{"rating": 1}', any_name: bool = False):
         seen = self.headers = []
@@ -58,8 +58,11 @@ class ModelsServer:
                 if request["model"] != "served-judge" and not any_name:
                     self.reply(404, json.dumps({"error": f"model {request['model']} not found"}).encode())
                     return
+                prompt_tokens = sum(len(m["content"].split()) for m in request["messages"])
+                usage = {"prompt_tokens": prompt_tokens, "completion_tokens": len(answer.split()),
+                         "total_tokens": prompt_tokens + len(answer.split())}
                 self.reply(200, json.dumps({"choices": [{"message": {"role": "assistant", "content": answer},
-                                                         "finish_reason": "stop"}]}).encode())
+                                                         "finish_reason": "stop"}], "usage": usage}).encode())
 
             def log_message(self, *args):
                 pass
