@@ -18,12 +18,15 @@ Conventions (those of SGLang's native `/generate`, REFERENCE.md section 3, so bo
   (`stale_samples`).
 - Each sample has its own seed (`sample_seeds`), so the samples of one prompt differ whatever the engine does
   with a shared seed, and a call is reproducible from its seed.
+- `stream_groups` gives the same samples a group at a time (a prompt's n samples), as each group finishes, in any
+  order of prompts: the SGLang engine as each prompt's request completes, the embedded engine as a group's last
+  decode slot finishes.
 """
 
 import abc
 import dataclasses
 import math
-from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, AsyncIterator, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
@@ -245,6 +248,16 @@ class RolloutEngine(abc.ABC):
     @abc.abstractmethod
     async def agenerate(self, prompts: Sequence[Prompt], params: SamplingParams) -> list[Sample]:
         """The same as `generate`, awaitable."""
+
+    async def stream_groups(self, prompts: Sequence[Prompt],
+                            params: SamplingParams) -> AsyncIterator[tuple[int, list[Sample]]]:
+        """(prompt index, its n samples) for each prompt, as its group finishes, in any order of prompts: a
+        consumer can work on a group (judge it) while later ones are still sampling. The samples are `agenerate`'s.
+        This default yields every group, in prompt order, once `agenerate` returns; an engine that finishes groups
+        apart overrides it."""
+        samples = await self.agenerate(prompts, params)
+        for prompt_index in range(len(prompts)):
+            yield prompt_index, samples[prompt_index * params.n:(prompt_index + 1) * params.n]
 
     @abc.abstractmethod
     def update_weights(self, model: "Decoder", version: str) -> None:

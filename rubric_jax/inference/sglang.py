@@ -61,7 +61,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Coroutine, Mapping, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, AsyncIterator, Coroutine, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
@@ -355,8 +355,16 @@ class SGLangEngine(RolloutEngine):
 
     async def agenerate(self, prompts: Sequence[Prompt], params: SamplingParams) -> list[Sample]:
         """len(prompts) * params.n samples, prompt-major, from one request per prompt (its n samples, each with its
-        own seed: `engine.sample_seeds`), sent concurrently. A request that fails for good gives its prompt n
-        failed samples (`Sample.failure` the request's reason, e.g. "http_400") and the call goes on."""
+        own seed: `engine.sample_seeds`), sent concurrently (`stream_groups`, reordered). A request that fails for
+        good gives its prompt n failed samples (`Sample.failure` the request's reason, e.g. "http_400") and the
+        call goes on."""
+        groups = {prompt_index: samples async for prompt_index, samples in self.stream_groups(prompts, params)}
+        return [sample for prompt_index in range(len(prompts)) for sample in groups[prompt_index]]
+
+    async def stream_groups(self, prompts: Sequence[Prompt],
+                            params: SamplingParams) -> AsyncIterator[tuple[int, list[Sample]]]:
+        """(prompt index, its n samples) as each prompt's request completes, in completion order: the requests of
+        `agenerate`, all sent at once. Stopping the iteration early cancels the requests still in flight."""
         prompt_ids = [prompt_token_ids(prompt, self.tokenizer, self.chat_template_kwargs) for prompt in prompts]
         seed = params.seed if params.seed is not None else self._call_seed()
         seeds = sample_seeds(seed, len(prompt_ids) * params.n)
@@ -366,12 +374,12 @@ class SGLangEngine(RolloutEngine):
             p, ids, params, seeds[p * params.n:(p + 1) * params.n], cache_key, version))
             for p, ids in enumerate(prompt_ids)]
         try:
-            results = await asyncio.gather(*tasks)
-        except BaseException:
+            for finished in asyncio.as_completed(tasks):
+                samples = await finished
+                yield samples[0].prompt_index, samples
+        finally:
             for task in tasks:
                 task.cancel()
-            raise
-        return [sample for samples in results for sample in samples]
 
     async def _prompt_samples(self, prompt_index: int, prompt_ids: list[int], params: SamplingParams,
                               seeds: Sequence[int], cache_key: Optional[str], version: str) -> list[Sample]:

@@ -23,7 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rubric_jax.algorithms.rar import RaR, RaRConfig
-from rubric_jax.inference.engine import Sample, SamplingParams, sample_seeds, stale_samples
+from rubric_jax.inference.engine import RolloutEngine, Sample, SamplingParams, sample_seeds, stale_samples
 from rubric_jax.inference.http import MalformedResponse, RequestFailed, RetryPolicy
 from rubric_jax.inference.sglang import (
     WEIGHT_LOAD_BASE_S,
@@ -368,6 +368,37 @@ def test_chat_prompts_are_rendered_by_the_tokenizer(embedded_standin):
     with SGLangEngine(embedded_standin.base_url, retry=FAST) as bare:
         with pytest.raises(ValueError, match="tokenizer"):
             bare.generate([messages], GREEDY)
+
+
+def test_stream_groups_yields_each_prompts_group_as_its_request_completes(embedded_standin):
+    """One prompt's request held 5 s by the server: the other groups arrive while it is still in flight (within 3 s),
+    each equal to `generate`'s samples of its prompt; leaving the stream then cancels the held request."""
+    expected = embedded_standin.engine.generate(PROMPTS, GREEDY)
+    embedded_standin.inject(slow(5.0, "/generate"))
+
+    async def first_groups(engine, count):
+        stream = engine.stream_groups(PROMPTS, GREEDY)
+        groups = [await stream.__anext__() for _ in range(count)]
+        await stream.aclose()
+        return groups
+
+    with make_engine(embedded_standin) as engine:
+        groups = engine.client.run_sync(asyncio.wait_for(first_groups(engine, len(PROMPTS) - 1), timeout=3.0))
+    assert len({index for index, _ in groups}) == len(PROMPTS) - 1
+    for index, samples in groups:
+        assert_same_samples(samples, expected[index * GREEDY.n:(index + 1) * GREEDY.n])
+
+
+def test_the_default_stream_yields_agenerates_groups_in_prompt_order(embedded_standin):
+    """An engine without its own stream (the base class's) yields `agenerate`'s samples, one group per prompt."""
+    engine = embedded_standin.engine
+
+    async def groups():
+        return [group async for group in RolloutEngine.stream_groups(engine, PROMPTS, GREEDY)]
+
+    streamed = asyncio.run(groups())
+    assert [index for index, _ in streamed] == list(range(len(PROMPTS)))
+    assert_same_samples([s for _, samples in streamed for s in samples], engine.generate(PROMPTS, GREEDY))
 
 
 def test_empty_call_sends_nothing(embedded_standin):
