@@ -30,12 +30,14 @@ module docstrings), so a variant overrides the one step it changes and inherits 
 """
 
 import abc
+import asyncio
 import collections
+import concurrent.futures
 import dataclasses
 import functools
 import logging
 import types
-from typing import Any, Callable, Literal, Mapping, Optional, Protocol, Sequence, Set
+from typing import Any, Callable, Coroutine, Literal, Mapping, Optional, Protocol, Sequence, Set, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -52,6 +54,7 @@ from rubric_jax.rubrics.schema import Criterion, Rubric
 from rubric_jax.rubrics.steps import response_text, split_steps
 
 _LOG = logging.getLogger(__name__)
+T = TypeVar("T")
 LONG_DRAW_BATCHES = 10  # dynamic_groups warns every this many generation batches of one step
 
 PROMPT_WIDTH_MULTIPLE = 16  # prompt widths are rounded up to this, so the learner's step rarely recompiles
@@ -122,8 +125,10 @@ class RolloutContext:
     the calls; "rollout/samples", "rollout/failed/<reason>", "rollout/null_logprobs", "rollout/stale", also sums;
     "prompt/length_max", tokens before truncation), shared by every copy of the context (`dataclasses.replace`);
     the trainer hands each step's experience a context with a fresh dict (`training.rl.sample_experience`).
-    stream: the run's train stream, from which dynamic sampling's re-sampling draws the step's further generation
-    batches (`dynamic_groups`); None outside a training run."""
+    pipelined_judging: `sample_and_judge` judges each group as the engine finishes it (True) or every row once
+    sampling is done (False); the results are the same. stream: the run's train stream, from which dynamic
+    sampling's re-sampling draws the step's further generation batches (`dynamic_groups`); None outside a
+    training run."""
 
     engine: RolloutEngine
     tokenizer: Any
@@ -140,6 +145,7 @@ class RolloutContext:
     meta_verifier: Optional[LLMMetaVerifier] = None
     sampling_metrics: dict[str, float] = dataclasses.field(default_factory=dict)
     stream: Optional[ExampleStream] = None
+    pipelined_judging: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -539,6 +545,62 @@ def truncate_prompt(ids: Sequence[int], max_tokens: int, mode: Literal["error", 
     raise ValueError(f"unknown prompt_truncation {mode!r}")
 
 
+@dataclasses.dataclass(frozen=True)
+class SamplingCall:
+    """One engine call as `sample_groups` and `sample_and_judge` make it: the sampling settings with the call's
+    seed, the prompts as sent (a truncated one as its token ids), their token ids, and the engine's weight version
+    when the call started (`record_samples`' "rollout/stale")."""
+
+    params: SamplingParams
+    prompts: list
+    prompt_ids: list[list[int]]
+    weight_version: str
+
+
+def sampling_call(prompts: Sequence[Any], context: RolloutContext, step: int, stream: int = 0,
+                  gen_batch: int = 0) -> SamplingCall:
+    """The call `sample_groups` documents: seeded by (run seed, step[, stream][, gen_batch]), its prompts capped
+    at `context.max_prompt_tokens` and counted in `context.sampling_metrics`."""
+    entropy = (context.seed, step) if stream == 0 else (context.seed, step, stream)
+    if gen_batch:
+        entropy = (context.seed, step, stream, gen_batch)
+    seed = int(np.random.SeedSequence(entropy).generate_state(1)[0] >> 1)
+    params = dataclasses.replace(context.sampling, seed=seed)
+    prompts = list(prompts)
+    prompt_ids = [prompt_token_ids(prompt, context.tokenizer, context.chat_template_kwargs) for prompt in prompts]
+    recorded = context.sampling_metrics
+    recorded["prompt/length_max"] = max(recorded.get("prompt/length_max", 0), max(len(ids) for ids in prompt_ids))
+    recorded.setdefault("prompt/truncated", 0)
+    limit = context.max_prompt_tokens
+    for p, ids in enumerate(prompt_ids):
+        if limit is not None and len(ids) > limit:
+            prompt_ids[p] = prompts[p] = truncate_prompt(ids, limit, context.prompt_truncation)
+            recorded["prompt/truncated"] += 1
+    return SamplingCall(params=params, prompts=prompts, prompt_ids=prompt_ids,
+                        weight_version=context.engine.weight_version)
+
+
+def packed_rollouts(call: SamplingCall, samples: Sequence[Sample], texts: Sequence[str],
+                    context: RolloutContext) -> Rollouts:
+    """The call's samples (prompt-major) and their texts recorded (`record_samples`) and packed for the learner
+    with the rollout logprobs; a failed sample's response mask is off."""
+    samples = list(samples)
+    record_samples(context.sampling_metrics, samples, call.weight_version)
+    prompt_width = padded_prompt_width(call.prompt_ids)
+    response_width = call.params.max_new_tokens
+    batch = train_step.pack_sequences(
+        [call.prompt_ids[s.prompt_index] for s in samples],
+        [s.output_ids for s in samples],
+        pad_id=context.pad_id,
+        prompt_width=prompt_width,
+        response_width=response_width,
+    )
+    rollout = RolloutBatch.from_samples(samples, context.pad_id, response_width)
+    batch["rollout_logp_bt"] = np.pad(rollout.logprobs_bt, ((0, 0), (prompt_width, 0)))
+    batch["response_mask_bt"] &= ~np.array([bool(s.failure) for s in samples])[:, None]
+    return Rollouts(samples=samples, texts=list(texts), batch=batch, prompt_width=prompt_width)
+
+
 def sample_groups(prompts: Sequence[Any], context: RolloutContext, step: int, *, stream: int = 0,
                   gen_batch: int = 0) -> Rollouts:
     """`sampling.n` samples per prompt (chat messages or ids) from the engine, seeded by (run seed, step) (so a
@@ -555,39 +617,89 @@ def sample_groups(prompts: Sequence[Any], context: RolloutContext, step: int, *,
     generation batches within the step (`dynamic_groups`), each drawing its own. A stream or batch number enters
     the entropy only when it is not 0: `SeedSequence` pads its entropy with zeros, so (s, t) and (s, t, 0) would
     seed alike."""
-    entropy = (context.seed, step) if stream == 0 else (context.seed, step, stream)
-    if gen_batch:
-        entropy = (context.seed, step, stream, gen_batch)
-    seed = int(np.random.SeedSequence(entropy).generate_state(1)[0] >> 1)
-    params = dataclasses.replace(context.sampling, seed=seed)
-    prompts = list(prompts)
-    prompt_ids = [prompt_token_ids(prompt, context.tokenizer, context.chat_template_kwargs) for prompt in prompts]
-    recorded = context.sampling_metrics
-    recorded["prompt/length_max"] = max(recorded.get("prompt/length_max", 0), max(len(ids) for ids in prompt_ids))
-    recorded.setdefault("prompt/truncated", 0)
-    limit = context.max_prompt_tokens
-    for p, ids in enumerate(prompt_ids):
-        if limit is not None and len(ids) > limit:
-            prompt_ids[p] = prompts[p] = truncate_prompt(ids, limit, context.prompt_truncation)
-            recorded["prompt/truncated"] += 1
-    version = context.engine.weight_version
+    call = sampling_call(prompts, context, step, stream, gen_batch)
     with context.timer.phase("generation"):
-        samples = context.engine.generate(prompts, params)
-    record_samples(recorded, samples, version)
-    prompt_width = padded_prompt_width(prompt_ids)
-    response_width = params.max_new_tokens
-    batch = train_step.pack_sequences(
-        [prompt_ids[s.prompt_index] for s in samples],
-        [s.output_ids for s in samples],
-        pad_id=context.pad_id,
-        prompt_width=prompt_width,
-        response_width=response_width,
-    )
-    rollout = RolloutBatch.from_samples(samples, context.pad_id, response_width)
-    batch["rollout_logp_bt"] = np.pad(rollout.logprobs_bt, ((0, 0), (prompt_width, 0)))
-    batch["response_mask_bt"] &= ~np.array([bool(s.failure) for s in samples])[:, None]
-    texts = [response_text(context.tokenizer, s.output_ids) for s in samples]
-    return Rollouts(samples=samples, texts=texts, batch=batch, prompt_width=prompt_width)
+        samples = context.engine.generate(call.prompts, call.params)
+    return packed_rollouts(call, samples, [response_text(context.tokenizer, s.output_ids) for s in samples], context)
+
+
+@dataclasses.dataclass(frozen=True)
+class JudgedRollouts:
+    """Rollouts (prompt-major) with each row's judge request and the verdicts [B, max_items]."""
+
+    rollouts: Rollouts
+    requests: list[JudgeRequest]
+    verdicts: Verdicts
+
+
+RequestOf = Callable[[Sample, str], JudgeRequest]  # a row's judge request from its sample and decoded text
+
+
+def sample_and_judge(prompts: Sequence[Any], context: RolloutContext, step: int, request_of: RequestOf,
+                     max_items: int, *, stream: int = 0, gen_batch: int = 0) -> JudgedRollouts:
+    """`sample_groups`' rollouts, each judged: `request_of(sample, text)` is a row's request, judged with K =
+    `max_items` as `judge_requests` does (a failed sample's not sent), verdicts in row order.
+
+    Pipelined (`context.pipelined_judging`, the default): the engine streams its groups
+    (`RolloutEngine.stream_groups`) and each group's requests go to the judge the moment the group is finished,
+    while later groups are still sampling; the rows, verdicts and judge records are assembled prompt-major once
+    every group is in, so the result equals the serial one (sample every group, then judge every row) for a
+    judge whose verdict depends on its request alone. The "generation" phase then times the stream (the judging
+    that overlaps it included) and "judging" the wait for the verdicts after the last group. Serial: exactly
+    `sample_groups` then `judge_requests`."""
+    if not context.pipelined_judging:
+        rollouts = sample_groups(prompts, context, step, stream=stream, gen_batch=gen_batch)
+        requests = [request_of(s, text) for s, text in zip(rollouts.samples, rollouts.texts)]
+        return JudgedRollouts(rollouts, requests, judge_requests(requests, context, max_items, rollouts.failed_b))
+    call = sampling_call(prompts, context, step, stream, gen_batch)
+    groups = run_coroutine(_judged_groups(call, context, request_of, max_items))
+    samples = [s for p in range(len(call.prompts)) for s in groups[p][0]]
+    texts = [t for p in range(len(call.prompts)) for t in groups[p][1]]
+    requests = [r for p in range(len(call.prompts)) for r in groups[p][2]]
+    verdicts = Verdicts.concatenate([groups[p][3] for p in range(len(call.prompts))])
+    context.judge.record(requests, verdicts)
+    return JudgedRollouts(packed_rollouts(call, samples, texts, context), requests, verdicts)
+
+
+async def _judged_groups(call: SamplingCall, context: RolloutContext, request_of: RequestOf, max_items: int
+                         ) -> dict[int, tuple[list[Sample], list[str], list[JudgeRequest], Verdicts]]:
+    """{prompt index: (its samples, texts, requests, verdicts)}: each group judged as soon as the engine's stream
+    yields it (`sample_and_judge`). The judge's own recording is bypassed (`Judge.unrecorded`): the caller
+    records every row once, in row order."""
+    judge = context.judge.unrecorded
+    groups, judging = {}, {}
+    try:
+        with context.timer.phase("generation"):
+            async for p, samples in context.engine.stream_groups(call.prompts, call.params):
+                texts = [response_text(context.tokenizer, s.output_ids) for s in samples]
+                requests = [request_of(s, text) for s, text in zip(samples, texts)]
+                groups[p] = (samples, texts, requests)
+                judging[p] = asyncio.ensure_future(_judged_group(judge, requests, samples, max_items))
+        with context.timer.phase("judging"):
+            verdicts = await asyncio.gather(*judging.values())
+    except BaseException:
+        for task in judging.values():
+            task.cancel()
+        raise
+    return {p: (*groups[p], v) for p, v in zip(judging, verdicts)}
+
+
+async def _judged_group(judge: Judge, requests: list[JudgeRequest], samples: Sequence[Sample],
+                        max_items: int) -> Verdicts:
+    """One group's verdicts [G, max_items]: its requests judged, a failed sample's not sent (`judge_requests`)."""
+    sent = np.flatnonzero([not s.failure for s in samples])
+    judged = await judge.ajudge([requests[i] for i in sent], max_items) if len(sent) else None
+    return with_failed_samples(judged, sent, len(requests), max_items)
+
+
+def run_coroutine(coroutine: Coroutine[Any, Any, T]) -> T:
+    """`asyncio.run(coroutine)`, in a worker thread when this thread already runs an event loop (a notebook's)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coroutine)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coroutine).result()
 
 
 def record_samples(recorded: dict[str, float], samples: Sequence[Sample], version: str) -> None:
@@ -648,16 +760,17 @@ def concat_batches(parts: Sequence[tuple[Mapping[str, np.ndarray], int]], pad_id
     return merged, prompt_width
 
 
+def rollout_request(example: Any, text: str, task: Task) -> JudgeRequest:
+    """The judge request of one rollout: its example's question, rubric, reference (shown to the judge only) and
+    prompt, the response text and its number of steps."""
+    return JudgeRequest(question=task.question(example), response=text, rubric=task.rubric(example),
+                        reference=task.reference(example), num_steps=len(split_steps(text)),
+                        conversation=tuple(task.prompt(example)))
+
+
 def rollout_requests(examples: Sequence[Any], rollouts: Rollouts, task: Task) -> list[JudgeRequest]:
-    """One judge request per rollout (row order): its example's question, rubric, reference (shown to the judge
-    only) and prompt, the response text and its number of steps."""
-    requests = []
-    for s, text in zip(rollouts.samples, rollouts.texts):
-        example = examples[s.prompt_index]
-        requests.append(JudgeRequest(question=task.question(example), response=text, rubric=task.rubric(example),
-                                     reference=task.reference(example), num_steps=len(split_steps(text)),
-                                     conversation=tuple(task.prompt(example))))
-    return requests
+    """One judge request per rollout (row order), `rollout_request` of the row's example."""
+    return [rollout_request(examples[s.prompt_index], text, task) for s, text in zip(rollouts.samples, rollouts.texts)]
 
 
 def judge_requests(requests: Sequence[JudgeRequest], context: RolloutContext, max_items: int,
@@ -665,17 +778,15 @@ def judge_requests(requests: Sequence[JudgeRequest], context: RolloutContext, ma
     """The context's judge on `requests` in one call, timed as the "judging" phase: verdicts [len, max_items].
     A request about a failed sample (`failed_b`, [len] bool; None: none) is not sent: its verdict is a failure
     with reason FAILED_SAMPLE, so the recipe's `on_judge_failure` decides its group's statistics (the sample
-    itself is out of the loss already); the judge is told (`Judge.decided_without_judging`), so the rollout log
-    keeps the failed samples too."""
+    itself is out of the loss already). The judge records every row, sent or not, in row order
+    (`Judge.record`), so the rollout log keeps the failed samples too."""
     failed_b = np.zeros(len(requests), bool) if failed_b is None else np.asarray(failed_b, bool)
     sent = np.flatnonzero(~failed_b)
     with context.timer.phase("judging"):
-        if len(sent) == len(requests):
-            return context.judge.judge(requests, max_items)
-        judged = context.judge.judge([requests[i] for i in sent], max_items) if len(sent) else None
-    unsent = [requests[i] for i in np.flatnonzero(failed_b)]
-    context.judge.decided_without_judging(unsent, with_failed_samples(None, sent[:0], len(unsent), max_items))
-    return with_failed_samples(judged, sent, len(requests), max_items)
+        judged = context.judge.unrecorded.judge([requests[i] for i in sent], max_items) if len(sent) else None
+    verdicts = with_failed_samples(judged, sent, len(requests), max_items)
+    context.judge.record(list(requests), verdicts)
+    return verdicts
 
 
 def with_failed_samples(judged: Optional[Verdicts], sent: np.ndarray, total: int, max_items: int) -> Verdicts:
@@ -1023,13 +1134,15 @@ class GroupRecipe(Algorithm):
 
     def draw(self, examples: list, context: RolloutContext, step: int, gen_batch: int) -> GroupBatch:
         """Step 1 for generation batch `gen_batch` of the step (`dynamic_groups`' `draw`; 0 without dynamic
-        sampling): G responses to each example's prompt (`sample_groups`), each answer's correctness
-        (`outcome_correctness`), and each response judged against its rubric (`judge_groups`, K =
-        config.max_items)."""
-        rollouts = sample_groups([context.task.prompt(e) for e in examples], context, step, gen_batch=gen_batch)
-        groups = GroupBatch(examples=examples, rollouts=rollouts,
-                            correct_b=outcome_correctness(examples, rollouts, context.task))
-        return judge_groups(groups, context, self.config.max_items)
+        sampling): G responses to each example's prompt, each judged against its rubric as its group finishes
+        (`sample_and_judge`, K = config.max_items), and each answer's correctness (`outcome_correctness`)."""
+        task = context.task
+        judged = sample_and_judge([task.prompt(e) for e in examples], context, step,
+                                  lambda s, text: rollout_request(examples[s.prompt_index], text, task),
+                                  self.config.max_items, gen_batch=gen_batch)
+        return GroupBatch(examples=examples, rollouts=judged.rollouts,
+                          correct_b=outcome_correctness(examples, judged.rollouts, task), verdicts=judged.verdicts,
+                          rubrics=[r.rubric for r in judged.requests], requests=judged.requests)
 
     @abc.abstractmethod
     def reward(self, groups: GroupBatch, context: RolloutContext) -> tuple[np.ndarray, np.ndarray]:

@@ -5,7 +5,8 @@ GRPO advantage, which the rubric never enters (the decoupled advantage, eq 6).
 
 Algorithm 1, for each training step (G = sampling.n responses per prompt; `reward` and `advantage` are the
 recipe's methods a variant overrides):
-  3.     sample G responses to the step-format prompt             base.sample_groups
+  3.     sample G responses to the step-format prompt             base.sample_and_judge (line 8 per group
+                                                                  as it finishes; re-sampling: sample_groups)
          (the task's prompt, or Appendix 7.3's format prompt)     rubrics.prompts.step_format_prompt
   6.     r_base = (1 - lambda) r_acc + lambda r_fmt               reward: core.rewards.srar_base_reward
          r_acc by `accuracy`: "task" task.is_correct (math-verify for the math presets), or "boxed_string"
@@ -13,7 +14,8 @@ recipe's methods a variant overrides):
          r_fmt = a step header and a box                          has_step_format
   7.     each token's step from the tokenizer's offset mapping     rubrics.steps.response_step_ids
          and each response's step count from its headers          rubrics.steps.step_spans
-  8.     step-attributed judging of the typed rubric              base.judge_groups
+  8.     step-attributed judging of the typed rubric              base.sample_and_judge (re-sampling:
+                                                                  base.judge_groups of the kept groups)
   9.     d[k, i] = sum of the budgeted deltas of step k's items   advantage: core.srar.srar_item_deltas,
                                                                   srar_step_rewards
          (eq 3: +R_SUG / N_SUG, -|R_PIT| / N_PIT, +R_BON / N_BON per satisfied item; ANSWER items carry none)
@@ -477,13 +479,25 @@ class SRaR(base.Algorithm):
         return {"policy": self._prompt(task, example)}
 
     def _groups(self, examples: list, context: base.RolloutContext, step: int, gen_batch: int) -> base.GroupBatch:
-        """Line 3 and r_acc of generation batch `gen_batch` (`base.dynamic_groups`' `draw`); judged after the
-        selection, so dynamic sampling's re-sampling judges only the groups that train."""
-        rollouts = base.sample_groups([self._prompt(context.task, e) for e in examples], context, step,
-                                      gen_batch=gen_batch)
+        """Line 3 and r_acc of generation batch `gen_batch` (`base.dynamic_groups`' `draw`). Line 8 too, each
+        group judged as it finishes (`base.sample_and_judge`), unless dynamic sampling re-samples: then the
+        groups are judged after the selection (`experience`), so that only the groups that train are judged."""
+        task = context.task
+        prompts = [self._prompt(task, e) for e in examples]
+        if self.config.dynamic_sampling == "resample":
+            rollouts, judged = base.sample_groups(prompts, context, step, gen_batch=gen_batch), None
+        else:
+            judged = base.sample_and_judge(prompts, context, step,
+                                           lambda s, text: base.rollout_request(examples[s.prompt_index], text, task),
+                                           self.config.max_items, gen_batch=gen_batch)
+            rollouts = judged.rollouts
         owners = [examples[s.prompt_index] for s in rollouts.samples]
-        correct_b = np.array([self._is_correct(context.task, t, e) for t, e in zip(rollouts.texts, owners)], bool)
-        return base.GroupBatch(examples=examples, rollouts=rollouts, correct_b=correct_b)
+        correct_b = np.array([self._is_correct(task, t, e) for t, e in zip(rollouts.texts, owners)], bool)
+        groups = base.GroupBatch(examples=examples, rollouts=rollouts, correct_b=correct_b)
+        if judged is None:
+            return groups
+        return dataclasses.replace(groups, verdicts=judged.verdicts, rubrics=[r.rubric for r in judged.requests],
+                                   requests=judged.requests)
 
     def _is_correct(self, task: Any, text: str, example: Any) -> bool:
         """r_acc of `config.accuracy` (SRaRConfig)."""
@@ -528,7 +542,8 @@ class SRaR(base.Algorithm):
         groups, keep_b, sampling_metrics = base.dynamic_groups(
             examples, context, config, lambda batch, gen_batch: self._groups(batch, context, step, gen_batch),
             mixed_accuracy)
-        groups = base.judge_groups(groups, context, config.max_items)  # line 8, the groups that train only
+        if groups.verdicts is None:  # re-sampled: line 8 on the groups that train only
+            groups = base.judge_groups(groups, context, config.max_items)
         rollouts, owners, correct_b = groups.rollouts, groups.owners, groups.correct_b
         group_ids = rollouts.group_ids
         step_ids_bt, num_steps_b = rollout_steps(rollouts, context.tokenizer)

@@ -266,9 +266,17 @@ class Judge(abc.ABC):
         it with concurrent requests."""
         return self.judge(requests, max_items)
 
-    def decided_without_judging(self, requests: Sequence[JudgeRequest], verdicts: Verdicts) -> None:
-        """Verdicts a caller decided without asking this judge (a failed sample's, `algorithms.base.judge_requests`):
-        nothing to do by default; a recorder (`records.RecordingJudge`) keeps them with the judged ones."""
+    @property
+    def unrecorded(self) -> "Judge":
+        """This judge without any recording of its calls: itself, or a recorder's inner judge. A caller that judges
+        in pieces (`algorithms.base.sample_and_judge`: group by group as they finish) calls it, then `record`s
+        every row once in row order, so the record does not depend on which piece finished first."""
+        return self
+
+    def record(self, requests: Sequence[JudgeRequest], verdicts: Verdicts) -> None:
+        """Verdicts of `requests` that reached the caller outside `judge` / `ajudge` (judged through `unrecorded`,
+        or a failed sample's, decided without asking: `algorithms.base.judge_requests`): nothing to do by
+        default; a recorder (`records.RecordingJudge`) keeps them."""
 
     def http_stats(self) -> Optional[ClientStats]:
         """The request counters (retries, failures) of the judge's HTTP client; None for judges without one."""

@@ -275,7 +275,11 @@ class RecordingJudge(Judge):
     async def ajudge(self, requests: Sequence[JudgeRequest], max_items: int) -> Verdicts:
         return self._keep(requests, await self.inner.ajudge(requests, max_items))
 
-    def decided_without_judging(self, requests: Sequence[JudgeRequest], verdicts: Verdicts) -> None:
+    @property
+    def unrecorded(self) -> Judge:
+        return self.inner.unrecorded
+
+    def record(self, requests: Sequence[JudgeRequest], verdicts: Verdicts) -> None:
         self._keep(requests, verdicts)
 
     def take(self, step: int) -> list[JudgedRollout]:

@@ -316,7 +316,7 @@ def _rollout_context(config: RLConfig, task: Any, engine: Any, frozen_engine: An
                                 temperature=rollout.temperature, top_p=rollout.top_p, top_k=rollout.top_k),
         chat_template_kwargs=config.model.chat_template_kwargs,
         max_prompt_tokens=rollout.max_prompt_tokens, prompt_truncation=rollout.prompt_truncation,
-        frozen_engine=frozen_engine, meta_verifier=meta_verifier,
+        frozen_engine=frozen_engine, meta_verifier=meta_verifier, pipelined_judging=rollout.pipelined_judging,
         # Read by one thread at a time (`_Run.sample`, here or in the overlap thread), so its order is the run's.
         stream=data_parallel.StepStream(task.train_stream(position), rollout.prompts_per_step))
 

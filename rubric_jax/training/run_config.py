@@ -127,6 +127,10 @@ class RolloutConfig:
     (`training.rl`). Either engine works; the embedded one shares the learner's devices, so only an SGLang
     server gains time.
 
+    `pipelined_judging`: a group's judge requests are sent as soon as the engine finishes the group, while later
+    groups are still sampling (`algorithms.base.sample_and_judge`); false judges once every group is sampled. The
+    batches, verdicts and advantages are the same either way (relaunch-safe); only the step's time differs.
+
     A failed sample (aborted by the server, a NaN met, its request failed for good: `inference.engine.Sample`) is
     kept out of the loss and its group handled as a judge failure is (`algorithms.base.judge_requests`), counted
     in "rollout/failed/<reason>" and "rollout/failure_rate"; a rate above `max_failure_rate` on
@@ -145,6 +149,7 @@ class RolloutConfig:
     top_k: int = -1
     max_batch_size: Optional[int] = None
     overlap: bool = False
+    pipelined_judging: bool = True
     max_failure_rate: float = 0.5
     max_failing_steps: int = 3
 

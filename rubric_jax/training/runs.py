@@ -108,12 +108,12 @@ class StopRequests:
 
 
 # What a relaunch may change and still resume the run: how long it goes on, how often it evaluates, checkpoints
-# and logs, how its servers are reached and retried, and what its judges' tokens cost; never what or how it
-# learns. A key matches itself and the keys below it ("metrics" matches "metrics.console").
+# and logs, how its servers are reached and retried, whether judging overlaps sampling, and what its judges'
+# tokens cost; never what or how it learns. A key matches itself and the keys below it ("metrics" matches "metrics.console").
 RELAUNCH_SAFE_KEYS = (
     "output_dir", "steps", "eval.every_steps", "checkpoint.every_steps", "checkpoint.keep", "checkpoint.async_save",
     "metrics", "rollout_log.every_steps", "rollout_log.samples_per_step", "eval.log_samples",
-    "rollout.sglang_url", "rollout.frozen_sglang_url",
+    "rollout.sglang_url", "rollout.frozen_sglang_url", "rollout.pipelined_judging",
     *(f"{section}.{key}" for section in ("judge", "meta_verifier")
       for key in ("url", "max_in_flight", "max_attempts", "timeout_s", "api_key_env", "headers",
                   "price_per_million_tokens")),

@@ -46,12 +46,14 @@ def tiny_policy(task):
 
 
 def make_context(task, model, tokenizer, judge=None, *, group=GROUP, seed=0) -> RolloutContext:
-    """A RolloutContext over an EmbeddedEngine serving `model`, as training.rl builds it."""
+    """A RolloutContext over an EmbeddedEngine serving `model`, as training.rl builds it, judging serially: the
+    tests built on it read the judge's one call of a step (`ScriptedJudge.calls[-1]`); the pipelined step is
+    proved equal to the serial one in test_pipelined_judging.py."""
     eos_ids, pad_id = policy.eos_and_pad(tokenizer)
     engine = EmbeddedEngine(nnx.merge(*nnx.split(model)), tokenizer=tokenizer, eos_token_ids=eos_ids, pad_id=pad_id)
     return RolloutContext(engine=engine, tokenizer=tokenizer, task=task, judge=judge or task.judge(), pad_id=pad_id,
                           seed=seed, sampling=SamplingParams(max_new_tokens=MAX_NEW_TOKENS, n=group),
-                          timer=PhaseTimer())
+                          timer=PhaseTimer(), pipelined_judging=False)
 
 
 def response_texts(batch, prompt_width, tokenizer) -> list[str]:

@@ -17,7 +17,7 @@ from rubric_jax.rubrics.schema import Rubric
 from rubric_jax.training.metrics import read_metrics
 from rubric_jax.training.assembly import make_judge
 from rubric_jax.training.rl import train_rl
-from rubric_jax.training.run_config import AlgorithmSpec, JudgeConfig
+from rubric_jax.training.run_config import AlgorithmSpec, JudgeConfig, RolloutConfig
 from tests.algorithms.test_grpo import GROUP, PROMPTS, assert_row_advantages, make_context, tiny_policy
 from tests.training.test_rl import tiny_rl_config
 from tests.training.toy_task import RUBRIC, ToyTask, toy_task
@@ -136,8 +136,9 @@ def test_one_step_end_to_end_with_judge_failures_and_an_empty_rubric(tmp_path):
     base = toy_task()
     first = base.train_stream(0).next_batch(1)[0]
     task = EmptyRubricTask(base.config, 0, empty=frozenset({first.question}))
-    last = train_rl(tiny_rl_config(tmp_path, algorithm=AlgorithmSpec(name="rubric_grounded")), task,
-                    judge=ScriptedJudge(FAILED_ROWS))
+    serial = RolloutConfig(prompts_per_step=2, group_size=4, max_new_tokens=16, pipelined_judging=False)
+    last = train_rl(tiny_rl_config(tmp_path, algorithm=AlgorithmSpec(name="rubric_grounded"), rollout=serial),
+                    task, judge=ScriptedJudge(FAILED_ROWS))  # failing rows of the step's one judge call
     [line] = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert all(math.isfinite(value) for value in last.values())
     assert {"reward/mean", "advantage/mean", "rubric/has_digit", "outcome/accuracy", "train/loss", "train/kl",

@@ -115,9 +115,12 @@ class RecordingJudge(Judge):
 
 
 def context(engine, judge, *, n, the_task=None, max_new_tokens=128) -> RolloutContext:
+    """Judging serially: `RandomJudge` draws its verdicts in call order and keeps the step's one call; the
+    pipelined step equals the serial one (test_pipelined_judging.py)."""
     the_task = the_task or task()
     return RolloutContext(engine=engine, tokenizer=TOKENIZER, task=the_task, judge=judge, pad_id=arithmetic.PAD_ID,
-                          seed=0, sampling=SamplingParams(max_new_tokens=max_new_tokens, n=n), timer=PhaseTimer())
+                          seed=0, sampling=SamplingParams(max_new_tokens=max_new_tokens, n=n), timer=PhaseTimer(),
+                          pipelined_judging=False)
 
 
 def hand_group_experience(config=SRaRConfig(), judge=None):
@@ -298,9 +301,9 @@ def test_two_rl_steps_end_to_end_with_judge_failures_and_empty_rubrics_mid_run(t
     config = RLConfig(
         output_dir=str(tmp_path / "run"), steps=2, model=ModelSpec(init=TINY), seed=3,
         task=TaskSpec(name="arithmetic_srar"), algorithm=AlgorithmSpec(name="srar"),
-        rollout=RolloutConfig(prompts_per_step=4, group_size=3, max_new_tokens=16),
+        rollout=RolloutConfig(prompts_per_step=4, group_size=3, max_new_tokens=16, pipelined_judging=False),
         checkpoint=CheckpointConfig(every_steps=2), metrics=MetricsConfig(console=False, plots=False))
-    train_rl(config, the_task, judge=FlakyJudge(the_task.judge()))
+    train_rl(config, the_task, judge=FlakyJudge(the_task.judge()))  # counts its calls: serial, one a step
     first, second = read_metrics(tmp_path / "run" / "metrics.jsonl")
     for line in (first, second):
         assert all(math.isfinite(value) for value in line.values()), line
