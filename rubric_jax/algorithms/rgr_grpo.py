@@ -5,9 +5,9 @@ refinement joins the group as its off-policy rollout, trained with a shaped, unc
 
 For each step (G = sampling.n rollouts per prompt; Algorithm 1 of Appendix B; `rubric_reward`, `reward` and
 `advantage` are the recipe's methods a variant overrides):
-  1. sample G responses per prompt: o_1..o_{G-1} on-policy, the G-th     base.sample_groups
+  1. sample G responses per prompt: o_1..o_{G-1} on-policy, the G-th     base.sample_and_judge
      held in reserve
-  2. judge each against its rubric of factual and process criteria       base.rollout_requests, judge_requests
+  2. judge each against its rubric of factual and process criteria       (each group as it finishes)
   3. r_i = 1 if every factual criterion is met, else                     rubric_reward:
      sum_k w_k s_k / sum_k w_k over all criteria (eqs 4-5)               core.rewards.rgr_factual_gated_reward
   4. exploration assessment of o_1..o_{G-1}: o_best = argmax r (eq 7),   core.rubric_validity.rgr_exploration_assessment
@@ -291,9 +291,11 @@ class RGRGRPO(base.Algorithm):
         if group < 2:
             raise ValueError(f"RGR-GRPO needs sampling.n >= 2 (G - 1 on-policy rollouts and o_G), got {group}")
         # 1-3: G rollouts per prompt, judged and rewarded.
-        rollouts = base.sample_groups([context.task.prompt(e) for e in examples], context, step)
-        requests = base.rollout_requests(examples, rollouts, context.task)
-        verdicts = base.judge_requests(requests, context, config.max_items, rollouts.failed_b)
+        task = context.task
+        judged = base.sample_and_judge([task.prompt(e) for e in examples], context, step,
+                                       lambda s, text: base.rollout_request(examples[s.prompt_index], text, task),
+                                       config.max_items)
+        rollouts, requests, verdicts = judged.rollouts, judged.requests, judged.verdicts
         rubrics = [r.rubric for r in requests]
         items = _rubric_items(rubrics, config.max_items, config.criteria)
         counted_bk = items[2]

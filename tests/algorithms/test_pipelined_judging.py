@@ -13,10 +13,12 @@ import pytest
 
 from rubric_jax.algorithms import base
 from rubric_jax.algorithms.rar import RaR, RaRConfig
+from rubric_jax.algorithms.rgr_grpo import RGRGRPO, RGRGRPOConfig
 from rubric_jax.algorithms.rubric_grounded import RubricGrounded, RubricGroundedConfig
 from rubric_jax.algorithms.srar import SRaR, SRaRConfig
 from rubric_jax.data import arithmetic
 from rubric_jax.data.arithmetic_srar import ArithmeticSrarTask
+from rubric_jax.data.tasks import build_task
 from rubric_jax.inference.embedded import EmbeddedEngine
 from rubric_jax.inference.engine import RolloutEngine, SamplingParams
 from rubric_jax.judges.base import Judge
@@ -25,6 +27,7 @@ from rubric_jax.training import policy
 from rubric_jax.training.metrics import PhaseTimer
 from rubric_jax.training.run_config import MeshConfig, ModelSpec
 from tests.algorithms.test_grpo import GROUP, PROMPTS, make_context, tiny_policy
+from tests.algorithms.test_rgr_grpo import TINY_RGR
 from tests.algorithms.test_rubric_grounded import ScriptedJudge
 from tests.training.test_rl import TINY
 from tests.training.toy_task import toy_task
@@ -146,17 +149,7 @@ def test_a_pipelined_step_of_a_group_recipe_equals_the_serial_step(toy, recipe):
 @pytest.fixture(scope="module")
 def srar_setup():
     task = ArithmeticSrarTask(arithmetic.ArithmeticConfig(), 0)
-    examples = arithmetic.problems(4, 3)
-    model, tokenizer = policy.build_policy(ModelSpec(init=TINY), task, policy.make_mesh(MeshConfig()))
-
-    def make():
-        eos_ids, pad_id = policy.eos_and_pad(tokenizer)
-        engine = EmbeddedEngine(model, tokenizer=tokenizer, eos_token_ids=eos_ids, pad_id=pad_id)
-        return base.RolloutContext(engine=engine, tokenizer=tokenizer, task=task, judge=task.judge(),
-                                   pad_id=pad_id, seed=2, sampling=SamplingParams(max_new_tokens=24, n=3),
-                                   timer=PhaseTimer())
-
-    return examples, make
+    return arithmetic.problems(4, 3), embedded_context(task, TINY, n=3, max_new_tokens=24, seed=2)
 
 
 @pytest.mark.parametrize("config", [SRaRConfig(), SRaRConfig(advantage="merged", dynamic_sampling="mask")],
@@ -164,6 +157,33 @@ def srar_setup():
 def test_a_pipelined_srar_step_equals_the_serial_step(srar_setup, config):
     examples, make = srar_setup
     experience_p, experience_s, recorder_p, recorder_s, _ = both_steps(SRaR(config), examples, make)
+    assert_same_experience(experience_p, experience_s)
+    assert_same_records(recorder_p, recorder_s)
+
+
+def embedded_context(task, init, *, n, max_new_tokens, seed):
+    """A context over an EmbeddedEngine serving a tiny random model of `init` for `task`, judged by the task's
+    own judge."""
+    model, tokenizer = policy.build_policy(ModelSpec(init=init), task, policy.make_mesh(MeshConfig()))
+
+    def make():
+        eos_ids, pad_id = policy.eos_and_pad(tokenizer)
+        engine = EmbeddedEngine(model, tokenizer=tokenizer, eos_token_ids=eos_ids, pad_id=pad_id)
+        return base.RolloutContext(engine=engine, tokenizer=tokenizer, task=task, judge=task.judge(),
+                                   pad_id=pad_id, seed=seed, sampling=SamplingParams(max_new_tokens=max_new_tokens,
+                                                                                     n=n), timer=PhaseTimer())
+
+    return make
+
+
+@pytest.mark.parametrize("config", [RGRGRPOConfig(), RGRGRPOConfig(exploration_assessment=False)],
+                         ids=["paper", "refine_every_group"])
+def test_a_pipelined_rgr_grpo_step_equals_the_serial_step(config):
+    task = build_task("arithmetic_rgr", {}, 0)
+    make = embedded_context(task, TINY_RGR, n=3, max_new_tokens=16, seed=4)
+    experience_p, experience_s, recorder_p, recorder_s, _ = both_steps(RGRGRPO(config), arithmetic.problems(4, 5),
+                                                                       make)
+    assert experience_p.metrics["rgr/off_policy_fraction"] > 0  # the refinement pass ran
     assert_same_experience(experience_p, experience_s)
     assert_same_records(recorder_p, recorder_s)
 
