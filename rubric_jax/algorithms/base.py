@@ -558,12 +558,15 @@ class SamplingCall:
 
 
 def sampling_call(prompts: Sequence[Any], context: RolloutContext, step: int, stream: int = 0,
-                  gen_batch: int = 0) -> SamplingCall:
-    """The call `sample_groups` documents: seeded by (run seed, step[, stream][, gen_batch]), its prompts capped
-    at `context.max_prompt_tokens` and counted in `context.sampling_metrics`."""
+                  gen_batch: int = 0, group: Optional[int] = None) -> SamplingCall:
+    """The call `sample_groups` documents: seeded by (run seed, step[, stream][, gen_batch]), or, for one group's
+    call (`asample_group`), by (run seed, step, stream, gen_batch, group + 1); its prompts capped at
+    `context.max_prompt_tokens` and counted in `context.sampling_metrics`."""
     entropy = (context.seed, step) if stream == 0 else (context.seed, step, stream)
     if gen_batch:
         entropy = (context.seed, step, stream, gen_batch)
+    if group is not None:
+        entropy = (context.seed, step, stream, gen_batch, group + 1)
     seed = int(np.random.SeedSequence(entropy).generate_state(1)[0] >> 1)
     params = dataclasses.replace(context.sampling, seed=seed)
     prompts = list(prompts)
@@ -640,56 +643,110 @@ def sample_and_judge(prompts: Sequence[Any], context: RolloutContext, step: int,
     """`sample_groups`' rollouts, each judged: `request_of(sample, text)` is a row's request, judged with K =
     `max_items` as `judge_requests` does (a failed sample's not sent), verdicts in row order.
 
-    Pipelined (`context.pipelined_judging`, the default): the engine streams its groups
-    (`RolloutEngine.stream_groups`) and each group's requests go to the judge the moment the group is finished,
-    while later groups are still sampling; the rows, verdicts and judge records are assembled prompt-major once
-    every group is in, so the result equals the serial one (sample every group, then judge every row) for a
-    judge whose verdict depends on its request alone. The "generation" phase then times the stream (the judging
-    that overlaps it included) and "judging" the wait for the verdicts after the last group. Serial: exactly
-    `sample_groups` then `judge_requests`."""
+    Pipelined (`context.pipelined_judging`, the default): each group's requests go to the judge the moment the
+    engine finishes the group (`sample_and_follow`), while later groups are still sampling; the rows, verdicts
+    and judge records are assembled prompt-major once every group is in, so the result equals the serial one for
+    a judge whose verdict depends on its request alone. Serial: exactly `sample_groups`, then `judge_requests`
+    in one call."""
     if not context.pipelined_judging:
         rollouts = sample_groups(prompts, context, step, stream=stream, gen_batch=gen_batch)
         requests = [request_of(s, text) for s, text in zip(rollouts.samples, rollouts.texts)]
         return JudgedRollouts(rollouts, requests, judge_requests(requests, context, max_items, rollouts.failed_b))
-    call = sampling_call(prompts, context, step, stream, gen_batch)
-    groups = run_coroutine(_judged_groups(call, context, request_of, max_items))
-    samples = [s for p in range(len(call.prompts)) for s in groups[p][0]]
-    texts = [t for p in range(len(call.prompts)) for t in groups[p][1]]
-    requests = [r for p in range(len(call.prompts)) for r in groups[p][2]]
-    verdicts = Verdicts.concatenate([groups[p][3] for p in range(len(call.prompts))])
-    context.judge.record(requests, verdicts)
-    return JudgedRollouts(packed_rollouts(call, samples, texts, context), requests, verdicts)
-
-
-async def _judged_groups(call: SamplingCall, context: RolloutContext, request_of: RequestOf, max_items: int
-                         ) -> dict[int, tuple[list[Sample], list[str], list[JudgeRequest], Verdicts]]:
-    """{prompt index: (its samples, texts, requests, verdicts)}: each group judged as soon as the engine's stream
-    yields it (`sample_and_judge`). The judge's own recording is bypassed (`Judge.unrecorded`): the caller
-    records every row once, in row order."""
     judge = context.judge.unrecorded
-    groups, judging = {}, {}
+
+    async def judged(prompt_index: int, samples: list[Sample], texts: list[str]):
+        requests = [request_of(s, text) for s, text in zip(samples, texts)]
+        return requests, await judge_group(judge, requests, samples, max_items)
+
+    rollouts, groups = sample_and_follow(prompts, context, step, judged, stream=stream, gen_batch=gen_batch)
+    requests = [r for group_requests, _ in groups for r in group_requests]
+    verdicts = Verdicts.concatenate([group_verdicts for _, group_verdicts in groups])
+    context.judge.record(requests, verdicts)
+    return JudgedRollouts(rollouts, requests, verdicts)
+
+
+async def judge_group(judge: Judge, requests: Sequence[JudgeRequest], samples: Sequence[Sample],
+                      max_items: int) -> Verdicts:
+    """The verdicts [len, max_items] of one group's `requests` about its `samples`, awaited from `judge` (call it
+    with a judge's `unrecorded` and record the rows once, in row order); a failed sample's request is not sent
+    (`judge_requests`)."""
+    sent = np.flatnonzero([not s.failure for s in samples])
+    judged = await judge.ajudge([requests[i] for i in sent], max_items) if len(sent) else None
+    return with_failed_samples(judged, sent, len(requests), max_items)
+
+
+GroupFollow = Callable[[int, list[Sample], list[str]], Coroutine[Any, Any, T]]
+
+
+def sample_and_follow(prompts: Sequence[Any], context: RolloutContext, step: int, follow: GroupFollow, *,
+                      stream: int = 0, gen_batch: int = 0) -> tuple[Rollouts, list[T]]:
+    """`sample_groups`' rollouts and, for each group, `await follow(prompt index, its samples, their texts)`: the
+    step's work on that group once it is sampled (judging it, a second role's sampling from it with
+    `asample_group` and judging that); (rollouts, the follow-ups' results in prompt order).
+
+    Pipelined (`context.pipelined_judging`): a group's follow-up starts the moment the engine's stream yields the
+    group (`RolloutEngine.stream_groups`), while later groups are still sampling; "generation" times the stream
+    (the follow-ups that overlap it included) and "judging" the wait for the follow-ups after the last group.
+    Serial: the whole call is sampled ("generation"), then every follow-up runs, concurrently ("judging"). A
+    follow-up that reads nothing but its group, and draws its randomness from its group's index, gives the same
+    result either way. A failure in the stream or in a follow-up cancels the follow-ups still running and
+    raises."""
+    call = sampling_call(prompts, context, step, stream, gen_batch)
+    if context.pipelined_judging:
+        groups, results = run_coroutine(_followed_stream(call, context, follow))
+        samples = [s for p in range(len(call.prompts)) for s in groups[p][0]]
+        texts = [t for p in range(len(call.prompts)) for t in groups[p][1]]
+    else:
+        with context.timer.phase("generation"):
+            samples = context.engine.generate(call.prompts, call.params)
+        texts = [response_text(context.tokenizer, s.output_ids) for s in samples]
+        n = call.params.n
+        with context.timer.phase("judging"):
+            results = run_coroutine(_gathered(
+                follow(p, samples[p * n:(p + 1) * n], texts[p * n:(p + 1) * n]) for p in range(len(call.prompts))))
+    return packed_rollouts(call, samples, texts, context), results
+
+
+async def _followed_stream(call: SamplingCall, context: RolloutContext, follow: GroupFollow
+                           ) -> tuple[dict[int, tuple[list[Sample], list[str]]], list]:
+    """({prompt index: (its samples, texts)}, the follow-ups' results in prompt order): each group's follow-up
+    started as soon as the engine's stream yields the group (`sample_and_follow`)."""
+    groups, following = {}, {}
     try:
         with context.timer.phase("generation"):
             async for p, samples in context.engine.stream_groups(call.prompts, call.params):
                 texts = [response_text(context.tokenizer, s.output_ids) for s in samples]
-                requests = [request_of(s, text) for s, text in zip(samples, texts)]
-                groups[p] = (samples, texts, requests)
-                judging[p] = asyncio.ensure_future(_judged_group(judge, requests, samples, max_items))
+                groups[p] = (samples, texts)
+                following[p] = asyncio.ensure_future(follow(p, samples, texts))
         with context.timer.phase("judging"):
-            verdicts = await asyncio.gather(*judging.values())
+            results = await asyncio.gather(*(following[p] for p in range(len(call.prompts))))
     except BaseException:
-        for task in judging.values():
+        for task in following.values():
             task.cancel()
         raise
-    return {p: (*groups[p], v) for p, v in zip(judging, verdicts)}
+    return groups, list(results)
 
 
-async def _judged_group(judge: Judge, requests: list[JudgeRequest], samples: Sequence[Sample],
-                        max_items: int) -> Verdicts:
-    """One group's verdicts [G, max_items]: its requests judged, a failed sample's not sent (`judge_requests`)."""
-    sent = np.flatnonzero([not s.failure for s in samples])
-    judged = await judge.ajudge([requests[i] for i in sent], max_items) if len(sent) else None
-    return with_failed_samples(judged, sent, len(requests), max_items)
+async def _gathered(coroutines) -> list:
+    """The coroutines' results in order, run concurrently; the others cancelled when one fails."""
+    tasks = [asyncio.ensure_future(c) for c in coroutines]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        raise
+
+
+async def asample_group(prompts: Sequence[Any], context: RolloutContext, step: int, *, stream: int, group: int,
+                        gen_batch: int = 0) -> Rollouts:
+    """A second role's rollouts for one group of the step (a `sample_and_follow` follow-up's): `sample_groups`'
+    of `prompts`, awaited, seeded by (run seed, step, stream, gen_batch, group + 1), so each group's draw is its
+    own and the same whether the follow-ups run during sampling or after it. Not timed (the follow-up's phase
+    is `sample_and_follow`'s)."""
+    call = sampling_call(prompts, context, step, stream, gen_batch, group=group)
+    samples = await context.engine.agenerate(call.prompts, call.params)
+    return packed_rollouts(call, samples, [response_text(context.tokenizer, s.output_ids) for s in samples], context)
 
 
 def run_coroutine(coroutine: Coroutine[Any, Any, T]) -> T:
