@@ -5,18 +5,20 @@ rewarded by how many of its rubrics are valid, so the rubrics evolve with the re
 
 For each step (P questions, N = sampling.n reasoner rollouts each; section 4, Algorithm 1, Figure 4;
 `reasoner_reward`, `rubricator_reward` and `advantage` are the recipe's methods a variant overrides):
-  1. sample N reasoner rollouts (C_n, A_n) per question Q                 base.sample_groups (Task.prompt)
+  1. sample N reasoner rollouts (C_n, A_n) per question Q; steps 2-5     base.sample_and_follow (Task.prompt),
+     run on each question as soon as its rollouts are sampled             question_work
   2. z_n = I(A, A_n), the task's verifier                                  Task.is_correct
   3. one rubricator rollout R_m ~ pi(. | Q, C_m) for each of the first     rubricator_io: the paper's prompt
      M of the question's N rollouts (M = N: one per reasoner rollout;      (Figure 9) or Task.rubricator_prompt;
-     the rollouts are i.i.d., so the first M are a uniform subset)         base.sample_groups (n = 1, stream 1)
+     the rollouts are i.i.d., so the first M are a uniform subset)         base.asample_group (n = 1, stream 1,
+                                                                           seeded per question)
   4. parse R_m into K_m rubrics tau_k = (c_k, s_k); a failure has no       rubricator_io: parsing.
      rubric and format reward 0 (eq 11; with the paper's format: also      parse_rlcer_rubricator (check_scores)
      max / min = the sums of the points and min <= current_score <         or Task.parse_generated_rubric
      (max + min) / 2, Appendix B)
-  5. the verifier judges each rubricator's list R_m on each of the         judge_rubrics, one Judge.judge call
-     question's N rollouts: v_kn in {0, 1} (one request per (rollout,      for the step
-     list), N * M per question: the verifier was distilled on one list
+  5. the verifier judges each rubricator's list R_m on each of the         question_requests, base.judge_group
+     question's N rollouts: v_kn in {0, 1} (one request per (rollout,      (a call per question),
+     list), N * M per question: the verifier was distilled on one list     question_judgements
      at a time; "pooled": one request per rollout with all K lists)
   6. tau_k valid iff corr(u_k, z) > alpha and std(v_k) > 0 over the        core.rubric_validity.
      question's rollouts (eq 7; Pearson; u_k = v_k for a reward rubric,    rlcer_sign_aware_validity
@@ -102,6 +104,7 @@ import numpy as np
 from rubric_jax.algorithms import base
 from rubric_jax.algorithms.registry import register
 from rubric_jax.core import advantages, rewards, roles, rubric_validity, value
+from rubric_jax.inference.engine import Sample
 from rubric_jax.judges.base import JudgeRequest, Verdicts
 from rubric_jax.rubrics import parsing, prompts
 from rubric_jax.rubrics.parsing import FailurePolicy, RubricParse
@@ -219,40 +222,79 @@ class Judgements(NamedTuple):
     request_rows: tuple[int, ...] = ()
 
 
-def judge_rubrics(examples: Sequence[Any], reasoner: base.Rollouts, table: RubricTable,
-                  context: base.RolloutContext, calls: str) -> Judgements:
-    """Step 5 in one judge call: for each reasoner rollout (prompt-major), one request per parsed rubric list of
-    its question ("per_list", in output order) or one request with the question's pooled list ("pooled")."""
-    num_questions, num_slots = table.mask_pk.shape
-    num_rollouts = len(reasoner.samples) // num_questions
-    per_question = len(table.lists) // num_questions
+def question_requests(example: Any, texts: Sequence[str], table: RubricTable, calls: str, task: Any
+                      ) -> tuple[list[JudgeRequest], list[tuple[int, np.ndarray]]]:
+    """Step 5's requests about one question's N rollouts (`texts`), against its rubrics (`table` of that question
+    alone): for each rollout in order, one request per parsed rubric list of the question ("per_list", in output
+    order) or one request with the question's pooled list ("pooled"); with each request its target (the
+    rollout's index n, the table slots its verdict columns fill)."""
+    if calls == "pooled":
+        lists = [(table.rubrics[0], np.flatnonzero(table.mask_pk[0]))]
+    else:
+        lists = [(rubric, m * table.max_items + np.arange(len(rubric.criteria)))
+                 for m, rubric in enumerate(table.lists)]
     requests, targets = [], []
-    for b, sample in enumerate(reasoner.samples):
-        q, text = sample.prompt_index, reasoner.texts[b]
-        if calls == "pooled":
-            lists = [(table.rubrics[q], np.flatnonzero(table.mask_pk[q]))]
-        else:
-            lists = [(rubric, m * table.max_items + np.arange(len(rubric.criteria)))
-                     for m, rubric in enumerate(table.lists[q * per_question:(q + 1) * per_question])]
+    for n, text in enumerate(texts):
         for rubric, slots in lists:
             if rubric.criteria:
-                requests.append(JudgeRequest(question=context.task.question(examples[q]), response=text,
-                                             rubric=rubric, reference=context.task.reference(examples[q]),
-                                             num_steps=len(split_steps(text))))
-                targets.append((q, b, slots))
-    v_pkn = np.zeros((num_questions, num_slots, num_rollouts), np.float32)
+                requests.append(JudgeRequest(question=task.question(example), response=text, rubric=rubric,
+                                             reference=task.reference(example), num_steps=len(split_steps(text))))
+                targets.append((n, slots))
+    return requests, targets
+
+
+class QuestionWork(NamedTuple):
+    """Steps 2-5 on one question once its reasoner group is sampled (`RLCER.question_work`): the outcomes z_n [N],
+    its M rubricator rollouts, their parses, and the verifier's requests (`question_requests`) with their targets
+    and verdicts (None when no list has a rubric)."""
+
+    correct_n: np.ndarray
+    rubricator: base.Rollouts
+    parses: list[RubricParse]
+    requests: list[JudgeRequest]
+    targets: list[tuple[int, np.ndarray]]
+    verdicts: Optional[Verdicts]
+
+
+def question_judgements(work: Sequence[QuestionWork], num_slots: int, num_rollouts: int) -> Judgements:
+    """Step 5's Judgements of every question's work, questions in order: v_pkn, known_pkn and judged_pn filled
+    from each request's verdict, and the verifier's Verdicts [requests, K] (K the widest request's, each
+    question's widened to it), rows in request order."""
+    v_pkn = np.zeros((len(work), num_slots, num_rollouts), np.float32)
     asked_pkn, known_pkn = np.zeros(v_pkn.shape, bool), np.zeros(v_pkn.shape, bool)
-    if not requests:
-        return Judgements(v_pkn, known_pkn, np.ones((num_questions, num_rollouts), bool), None)
-    failed_b = reasoner.failed_b[[b for _, b, _ in targets]]
-    verdicts = base.judge_requests(requests, context, max(len(slots) for _, _, slots in targets), failed_b)
-    for i, (q, b, slots) in enumerate(targets):
-        n = b % num_rollouts
-        v_pkn[q, slots, n] = verdicts.satisfied_bk[i, :len(slots)]
-        asked_pkn[q, slots, n] = True
-        known_pkn[q, slots, n] = not verdicts.failed_b[i]
-    return Judgements(v_pkn, known_pkn, ~asked_pkn.any(axis=1) | known_pkn.any(axis=1), verdicts, tuple(requests),
-                      tuple(b for _, b, _ in targets))
+    for q, question in enumerate(work):
+        for i, (n, slots) in enumerate(question.targets):
+            v_pkn[q, slots, n] = question.verdicts.satisfied_bk[i, :len(slots)]
+            asked_pkn[q, slots, n] = True
+            known_pkn[q, slots, n] = not question.verdicts.failed_b[i]
+    judged_pn = ~asked_pkn.any(axis=1) | known_pkn.any(axis=1)
+    asked = [question for question in work if question.verdicts is not None]
+    if not asked:
+        return Judgements(v_pkn, known_pkn, judged_pn, None)
+    width = max(len(slots) for question in asked for _, slots in question.targets)
+    verdicts = Verdicts.concatenate([question.verdicts.widened(width) for question in asked])
+    return Judgements(v_pkn, known_pkn, judged_pn, verdicts,
+                      tuple(r for question in asked for r in question.requests),
+                      tuple(q * num_rollouts + n for q, question in enumerate(work) for n, _ in question.targets))
+
+
+def _joined_rollouts(parts: Sequence[base.Rollouts], pad_id: int) -> base.Rollouts:
+    """The questions' rubricator rollouts (one sample per prompt each) as one Rollouts, question after question,
+    prompt indices running over all of them, packed at common widths (`base.concat_batches`)."""
+    samples, offset = [], 0
+    for part in parts:
+        samples += [dataclasses.replace(s, prompt_index=s.prompt_index + offset) for s in part.samples]
+        offset += len(part.samples)
+    batch, prompt_width = base.concat_batches([(part.batch, part.prompt_width) for part in parts], pad_id)
+    return base.Rollouts(samples=samples, texts=[t for part in parts for t in part.texts], batch=batch,
+                         prompt_width=prompt_width)
+
+
+def _recorded(found: Judgements, context: base.RolloutContext) -> Judgements:
+    """`found`, its verifier calls recorded by the run's judge in request order (`Judge.record`)."""
+    if found.verdicts is not None:
+        context.judge.record(list(found.requests), found.verdicts)
+    return found
 
 
 class QuestionScores(NamedTuple):
@@ -446,6 +488,31 @@ class RLCER(base.Algorithm):
                                (config.reasoner_advantage, config.rubricator_advantage), std_ddof=config.std_ddof,
                                eps=config.eps)
 
+    async def question_work(self, example: Any, question: int, samples: Sequence[Sample], texts: Sequence[str],
+                            context: base.RolloutContext, step: int) -> QuestionWork:
+        """Steps 2-5 on question `question` (its reasoner group's samples and texts), run as soon as the group is
+        sampled (`base.sample_and_follow`): z_n; one rubricator rollout on each of the first M CoTs (stream
+        RUBRICATOR_STREAM, seeded by the question's index: `base.asample_group`), parsed; the verifier's
+        verdicts of the question's requests (`question_requests`; the judge's `unrecorded`: `experience`
+        records them, in order)."""
+        config, task = self.config, context.task
+        correct_n = np.array([task.is_correct(text, example) for text in texts], bool)
+        per_question = config.rubricators_per_question or len(samples)
+        sampling = dataclasses.replace(context.sampling, n=1, max_new_tokens=(
+            config.rubricator_max_new_tokens or context.sampling.max_new_tokens))
+        prompt_fn, parse_fn = rubricator_io(task, config)
+        rubricator = await base.asample_group([prompt_fn(example, text) for text in texts[:per_question]],
+                                              dataclasses.replace(context, sampling=sampling), step,
+                                              stream=RUBRICATOR_STREAM, group=question)
+        parses = [parse_fn(text) for text in rubricator.texts]
+        table = rubric_table(parses, 1, config.max_items)
+        requests, targets = question_requests(example, texts, table, config.verifier_calls, task)
+        verdicts = None
+        if requests:
+            verdicts = await base.judge_group(context.judge.unrecorded, requests, [samples[n] for n, _ in targets],
+                                              max(len(slots) for _, slots in targets))
+        return QuestionWork(correct_n, rubricator, parses, requests, targets, verdicts)
+
     def experience(self, examples: Sequence[Any], context: base.RolloutContext, step: int) -> base.Experience:
         config, task = self.config, context.task
         num_questions, num_rollouts = len(examples), context.sampling.n
@@ -456,21 +523,16 @@ class RLCER(base.Algorithm):
         if config.overlong_buffer >= context.sampling.max_new_tokens:
             raise ValueError(f"overlong_buffer ({config.overlong_buffer}) must be shorter than the reasoner's "
                              f"max_new_tokens ({context.sampling.max_new_tokens})")
-        # 1-2: the reasoner's rollouts and their outcomes.
-        reasoner = base.sample_groups([task.prompt(e) for e in examples], context, step)
-        with context.timer.phase("judging"):
-            correct_b = base.outcome_correctness(examples, reasoner, task)
-        # 3-4: one rubricator rollout on each of the first M CoTs of every question, parsed.
+        # 1-5: the reasoner's rollouts; for each question as its group is sampled, the outcomes, its rubricator
+        # rollouts, parsed, and the verifier's verdicts (`question_work`).
+        reasoner, work = base.sample_and_follow(
+            [task.prompt(e) for e in examples], context,
+            step, lambda q, samples, texts: self.question_work(examples[q], q, samples, texts, context, step))
+        correct_b = np.concatenate([question.correct_n for question in work])
         read = [b for b in range(len(reasoner.samples)) if b % num_rollouts < per_question]
-        sampling = dataclasses.replace(context.sampling, n=1, max_new_tokens=(
-            config.rubricator_max_new_tokens or context.sampling.max_new_tokens))
-        prompt_fn, parse_fn = rubricator_io(task, config)
-        rubricator = base.sample_groups(
-            [prompt_fn(examples[reasoner.samples[b].prompt_index], reasoner.texts[b]) for b in read],
-            dataclasses.replace(context, sampling=sampling), step, stream=RUBRICATOR_STREAM)
-        table = rubric_table([parse_fn(text) for text in rubricator.texts], num_questions, config.max_items)
-        # 5-7: the verifier, validity, the reasoner's reward.
-        judgements = judge_rubrics(examples, reasoner, table, context, config.verifier_calls)
+        rubricator = _joined_rollouts([question.rubricator for question in work], context.pad_id)
+        table = rubric_table([p for question in work for p in question.parses], num_questions, config.max_items)
+        judgements = _recorded(question_judgements(work, table.mask_pk.shape[1], num_rollouts), context)
         judged_pn = judgements.judged_pn
         scores = question_scores(jnp.asarray(judgements.v_pkn),
                                  jnp.asarray(correct_b.reshape(num_questions, num_rollouts)),

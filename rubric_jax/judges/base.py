@@ -217,6 +217,15 @@ class Verdicts:
             answers=tuple(a for p in parts for a in p.answers),
         )
 
+    def widened(self, max_items: int) -> "Verdicts":
+        """These verdicts with K = `max_items` (>= the current K) columns, the new ones unsatisfied and attributed to
+        no step (-1), as a judge asked with that K returns them."""
+        extra = max_items - self.satisfied_bk.shape[1]
+        if extra < 0:
+            raise ValueError(f"widened to {max_items} columns, fewer than the {self.satisfied_bk.shape[1]} held")
+        return dataclasses.replace(self, satisfied_bk=np.pad(self.satisfied_bk, ((0, 0), (0, extra))),
+                                   item_step_bk=np.pad(self.item_step_bk, ((0, 0), (0, extra)), constant_values=-1))
+
     def take(self, rows: np.ndarray) -> "Verdicts":
         """The rows `rows` (indices, in that order) as one batch."""
         return type(self)(

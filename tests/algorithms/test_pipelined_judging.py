@@ -14,6 +14,7 @@ import pytest
 from rubric_jax.algorithms import base
 from rubric_jax.algorithms.rar import RaR, RaRConfig
 from rubric_jax.algorithms.rgr_grpo import RGRGRPO, RGRGRPOConfig
+from rubric_jax.algorithms.rlcer import RLCER, RLCERConfig
 from rubric_jax.algorithms.rubric_grounded import RubricGrounded, RubricGroundedConfig
 from rubric_jax.algorithms.srar import SRaR, SRaRConfig
 from rubric_jax.data import arithmetic
@@ -28,6 +29,7 @@ from rubric_jax.training.metrics import PhaseTimer
 from rubric_jax.training.run_config import MeshConfig, ModelSpec
 from tests.algorithms.test_grpo import GROUP, PROMPTS, make_context, tiny_policy
 from tests.algorithms.test_rgr_grpo import TINY_RGR
+from tests.algorithms.test_rlcer import WIDE, HashedRubricTask
 from tests.algorithms.test_rubric_grounded import ScriptedJudge
 from tests.training.test_rl import TINY
 from tests.training.toy_task import toy_task
@@ -184,6 +186,21 @@ def test_a_pipelined_rgr_grpo_step_equals_the_serial_step(config):
     experience_p, experience_s, recorder_p, recorder_s, _ = both_steps(RGRGRPO(config), arithmetic.problems(4, 5),
                                                                        make)
     assert experience_p.metrics["rgr/off_policy_fraction"] > 0  # the refinement pass ran
+    assert_same_experience(experience_p, experience_s)
+    assert_same_records(recorder_p, recorder_s)
+
+
+@pytest.mark.parametrize("config", [
+    RLCERConfig(estimator="grpo", max_items=4, rubricator_max_new_tokens=12),
+    RLCERConfig(max_items=4, rubricators_per_question=2, verifier_calls="pooled", on_judge_failure="exclude"),
+], ids=["grpo", "critic_pooled_exclude"])
+def test_a_pipelined_rlcer_step_equals_the_serial_step(config):
+    """The rubricator of each question follows its reasoner group, then the verifier: both per question."""
+    task = HashedRubricTask(arithmetic.ArithmeticConfig(), 0)
+    make = embedded_context(task, WIDE, n=4, max_new_tokens=16, seed=1)
+    examples = task.train_stream(0).next_batch(4)
+    experience_p, experience_s, recorder_p, recorder_s, _ = both_steps(RLCER(config), examples, make)
+    assert experience_p.metrics["judge/failure_rate"] > 0 and experience_p.metrics["rlcer/rubric_count_mean"] > 0
     assert_same_experience(experience_p, experience_s)
     assert_same_records(recorder_p, recorder_s)
 

@@ -22,7 +22,7 @@ from rubric_jax.data import arithmetic
 from rubric_jax.data.rubric_world import rubric_text
 from rubric_jax.data.tasks import RubricWorldTask, build_task
 from rubric_jax.inference.engine import RolloutEngine, Sample, SamplingParams
-from rubric_jax.judges.base import Judge
+from rubric_jax.judges.base import Judge, Verdicts
 from rubric_jax.judges.programmatic import ProgrammaticJudge, RegexCheck
 from rubric_jax.rubrics import prompts
 from rubric_jax.rubrics.parsing import RubricParse
@@ -171,8 +171,10 @@ def test_a_world_step_by_hand():
     assert metrics["rlcer/proposed/S1"] == 5 / 7 and metrics["rlcer/valid/S1"] == 1 / 5
     assert metrics["rlcer/valid/WS"] == 1 and metrics["rlcer/valid/RP"] == 0 and metrics["rlcer/valid/BX"] == 0
     assert metrics["judge/failure_rate"] == 0 and metrics["outcome/accuracy"] == 6 / 8
-    # The rubricator sampled one output per CoT, with the reasoner's budget (no rubricator budget configured).
-    assert [(p.n, p.max_new_tokens) for _, p in engine.calls] == [(4, 64), (1, 64)]
+    # The rubricator sampled one output per CoT, with the reasoner's budget (no rubricator budget configured), in
+    # one call per question, made as soon as the question's rollouts were in.
+    assert [(p.n, p.max_new_tokens) for _, p in engine.calls] == [(4, 64), (1, 64), (1, 64)]
+    assert [len(prompts) for prompts, _ in engine.calls] == [2, 4, 4]
     assert all(math.isfinite(v) for v in metrics.values())
 
 
@@ -302,7 +304,8 @@ def test_a_failed_judgement_is_counted_and_its_rollout_takes_no_part_in_validity
 def test_the_verifier_judges_one_rubricator_list_per_request():
     judge = RecordingJudge(build_task("arithmetic_rubrics", {}, 0).judge())
     result, _ = world_step(judge=judge)
-    [(requests, _)] = judge.calls
+    assert len(judge.calls) == 2  # one call per question
+    requests = [r for call, _ in judge.calls for r in call]
     # (question, rollout, list) order: A's 4 rollouts x its 3 parsed lists (WRONG_A's rubricator wrote none),
     # then B's 4 rollouts x its 4 lists.
     lists_a = [RUBRICATOR_TEXTS[cot] for cot in (GOLD_A, REPEATED_A, GUESS_A)]
@@ -313,7 +316,7 @@ def test_the_verifier_judges_one_rubricator_list_per_request():
     # The pooled call (one request per rollout, every list of its question) gives the same step when none fails.
     judge = RecordingJudge(build_task("arithmetic_rubrics", {}, 0).judge())
     pooled, _ = world_step(RLCERConfig(estimator="grpo", verifier_calls="pooled"), judge=judge)
-    [(requests, _)] = judge.calls
+    requests = [r for call, _ in judge.calls for r in call]
     assert [r.response for r in requests] == [*REASONER_TEXTS[PROBLEM_A.question], *REASONER_TEXTS[PROBLEM_B.question]]
     assert rubric_text(requests[0].rubric.criteria) == "\n".join(lists_a)
     np.testing.assert_array_equal(pooled.batch["advantages_bt"], result.batch["advantages_bt"])
@@ -564,11 +567,15 @@ def test_an_embedded_step_matches_numpy_from_the_verdicts(hashed):
     context = dataclasses.replace(context, engine=engine)
     examples = task.train_stream(0).next_batch(3)
     result = RLCER(RLCERConfig(estimator="grpo", max_items=4)).experience(examples, context, step=0)
-    (_, reasoner_samples), (_, rubricator_samples) = engine.calls
+    (_, reasoner_samples), *rubricator_calls = engine.calls
+    assert len(rubricator_calls) == 3  # one per question
+    rubricator_samples = [s for _, samples in rubricator_calls for s in samples]
     reasoner_texts = [response_text(tokenizer, s.output_ids) for s in reasoner_samples]
     correct = np.array([task.is_correct(t, None) for t in reasoner_texts])
     parses = [task.parse_generated_rubric(response_text(tokenizer, s.output_ids), 4) for s in rubricator_samples]
-    [(requests, verdicts)] = judge.calls
+    requests = [r for call, _ in judge.calls for r in call]  # a call per question, each as wide as it needs
+    width = max(v.satisfied_bk.shape[1] for _, v in judge.calls)
+    verdicts = Verdicts.concatenate([v.widened(width) for _, v in judge.calls])
     reasoner, rubricator = np.zeros(12), np.zeros(12)
     request_rows = iter(range(len(requests)))
     any_valid = False
