@@ -5,24 +5,29 @@ are trained in one update.
 
 For each step (N = sampling.n responses and M = generator_group_size rubric sets per question q;
 `generator_reward`, `reasoner_reward` and `advantage` are the recipe's methods a variant overrides):
-  1. o_1..o_N ~ pi(. | q, p_rea)                                     base.sample_groups                eq 1
-     the base rubric of q: the task's, or (base_rubric generated)    _base_rubrics                     4.1 (2)
-     at q's first visit written once by the frozen initial policy
-     from the generator prompt with these responses and no existing
-     criteria, parsed, kept per question and checkpointed
-  2. R_1..R_M ~ pi(. | q, O, C_hist, p_gen), C_hist = base rubric     base.sample_groups(stream=1),     eq 2
-     + pool[q]; O = the answers (thinking stripped) of the first     generator_io: Table 5's prompt    Table 5
-     responses_shown responses
+  1. o_1..o_N ~ pi(. | q, p_rea); then, per question, as soon as     base.sample_and_follow,           eq 1
+     its group is sampled, steps 1-4 of that question                _question_steps
+     the base rubric of q: the task's, or (base_rubric generated)    _base_rubric,                     4.1 (2)
+     at q's first visit written once by the frozen initial policy    _written_base_rubric
+     from the generator prompt with these responses and no existing  (base.asample_group, stream 2),
+     criteria, parsed, kept per question and checkpointed            kept by _base_rubrics
+  2. R_1..R_M ~ pi(. | q, O, C_hist, p_gen), C_hist = base rubric     _generate: base.asample_group     eq 2
+     + pool[q]; O = the answers (thinking stripped) of the first     (stream 1, the question's group),
+     responses_shown responses                                       generator_io: Table 5's prompt    Table 5
      each R_m parsed (a failure is counted and earns                  (prompts.rubric_generator_prompt,
      parse_failure_reward - p_len; "[]" is the empty proposal)        parsing.parse_evorubric_rubrics)
-                                                                     or the task's (generator_format)
-  3. meta-verifier: R~_m = {r in R_m | v(r) = 1}, every criterion     context.meta_verifier, an LLM     3.3.2 step 1
-     of the step audited in one batched call (concurrent requests)   (judges.llm.LLMMetaVerifier,      Tables 6-7
-     against base rubric + pool[q]; a criterion the LLM could not    one call per criterion), else
-     judge is rejected ("meta_verifier_failed")                      task.meta_verify
-  4. grader: s(o_n, r) = points(r) when o_n meets r, for every        context.judge                     step 2
-     r in R~_m (one judge request per response, over the base
-     rubric, pool[q] and every R~_m of q)
+                                                                     or the task's (generator_format);
+                                                                     _propose
+  3. meta-verifier: R~_m = {r in R_m | v(r) = 1}, every criterion     _meta_verdicts: context.          3.3.2 step 1
+     of q's M proposals audited in one awaited call (concurrent      meta_verifier, an LLM             Tables 6-7
+     requests) against base rubric + pool[q]; a criterion the LLM    (judges.llm.LLMMetaVerifier.
+     could not judge is rejected ("meta_verifier_failed")            averify, one call per criterion),
+                                                                     else task.meta_verify
+  4. grader: s(o_n, r) = points(r) when o_n meets r, for every        base.judge_group with             step 2
+     r in R~_m (one judge request per response, over the base        context.judge's unrecorded; the
+     rubric, pool[q] and every R~_m of q)                            step's rows recorded once, in
+                                                                     row order (Judge.record)
+     once every question is in, in prompt order:
   5. variance filter: R^_m = {r in R~_m | std_n s_r > 0}              zero_variance_prune               step 3
   6. LOO consensus: rho_m = corr(v_m, v_\\m), v_m = mean of R^_m       evorubric_batch_scores,           step 4
                                                                      evorubric_peer_consensus
@@ -46,6 +51,19 @@ For each step (N = sampling.n responses and M = generator_group_size rubric sets
                                                                      advantages.grpo_advantages
  11. one clipped update over the rows of both roles                   base.concat_batches, policy_loss_fn  eq 5
 
+Steps 1-4 run per question (`base.sample_and_follow`): with `RolloutContext.pipelined_judging` (the default) a
+question's generator, meta-verifier and grader start the moment the engine's stream yields its reasoner group,
+while later groups are still sampling; without it, once every group is sampled, all questions concurrently. Either
+way each question reads only its own group and the state as it was before the step (C_hist's pool part is read
+before any question's steps; the pool is archived and the generated base rubrics are kept after all, in prompt
+order), its draws are seeded by its group (`base.asample_group`: the generator's M samples and a generated base
+rubric are seeded per question, by (seed, step, stream, 0, p + 1), no longer by one call over all questions), and
+its grader K is its own rubric's length, widened to the step's widest (unsatisfied, step -1): the step is the
+same in both modes, and a judge's rollout log holds the rows in row order. A question drawn twice in one step
+reads the same pool; with base_rubric generated its first draw writes the base rubric (from its own shown
+responses) and the later draws await it. The meta-verifier's and the generator's time is inside the step's
+"generation" / "judging" phases (no "time/meta_verifier" of its own).
+
 Ablations (section 4.3, Table 2), one switch each:
 - meta_verifier False ("w/o Meta-Verifier"): no audit; every parsed criterion counts as verified and r_meta
   leaves eq 3.
@@ -65,7 +83,7 @@ meta-verifier rejects entirely); which responses the generator sees (the first r
 uniform sample since the N responses are exchangeable; None shows all) and how much of each (its first
 shown_response_max_tokens tokens of its answer); the pool's key (the question text), its
 bounds and its eviction rule (`MemoryPool`); the meta-verifier's model (the run's meta_verifier.model); the
-prompt of a generated base rubric (`_base_rubrics`: Table 5's, with the first visit's shown responses). A
+prompt of a generated base rubric (`_written_base_rubric`: Table 5's, with the first visit's shown responses). A
 criterion the LLM meta-verifier could not judge (its request failed after retries, or its verdict did not parse)
 is rejected, so only an audited criterion reaches the reward. A judge failure on a response takes it out of its
 question's score matrix (the response mask of steps 5-6) and, as in RaR, gives it reward 0 or excludes it
@@ -79,7 +97,7 @@ tokens, p_len's); "evorubric/generator_format_rate", "evorubric/parse_failed/<re
 "evorubric/empty_proposal_rate", "evorubric/proposed_mean" (criteria per parsed proposal),
 "evorubric/meta_rejected_fraction" and "evorubric/meta_rejected/<category>" (of the proposed criteria;
 "meta_verifier_failed": those the LLM meta-verifier could not judge, whose requests the trainer logs as
-"meta_verifier/*"; its wall time is "time/meta_verifier"),
+"meta_verifier/*"),
 "evorubric/pruned_fraction" (of the verified ones), "evorubric/consensus_rho_mean" (over the proposals whose rho
 is defined: R^_m and some peer's R^ non-empty), "evorubric/archived" (criteria added to the pool this step),
 "evorubric/pool_size" and "evorubric/pool_questions" (the whole pool); with base_rubric generated,
@@ -88,6 +106,7 @@ is defined: R^_m and some peer's R^ non-empty), "evorubric/archived" (criteria a
 graded criterion; "response/*" and "outcome/accuracy" of the reasoner. A fraction of nothing is left out.
 """
 
+import asyncio
 import collections
 import dataclasses
 import functools
@@ -103,7 +122,7 @@ import numpy as np
 from rubric_jax.algorithms import base
 from rubric_jax.algorithms.registry import register
 from rubric_jax.core import advantages, rewards, roles, rubric_validity
-from rubric_jax.judges.base import JudgeRequest
+from rubric_jax.judges.base import JudgeRequest, Verdicts
 from rubric_jax.judges.llm import MetaVerifyRequest
 from rubric_jax.rubrics import parsing, prompts
 from rubric_jax.rubrics.memory_pool import MemoryPool, pooled
@@ -270,6 +289,56 @@ class _Proposals:
     rejected: collections.Counter
 
 
+class _QuestionSteps(NamedTuple):
+    """Steps 1-4 of one question (`EvoRubric._question_steps`): its base rubric and, when its group wrote it
+    (base_rubric generated), the parse of the written one; its M generator rollouts (one group, prompt index 0),
+    their parsed R_m (None: unparsable) and verified R~_m, the parse failures by reason and the meta-verifier's
+    INVALID categories; the grader's rubric (base rubric, pool, every R~_m), its N requests and their verdicts
+    [N, len(rubric.criteria)]."""
+
+    base_rubric: tuple[Criterion, ...]
+    written: Optional[Any]
+    generator: base.Rollouts
+    parsed: list[Optional[tuple[Criterion, ...]]]
+    verified: list[tuple[Criterion, ...]]
+    parse_failures: collections.Counter
+    rejected: collections.Counter
+    rubric: Rubric
+    requests: list[JudgeRequest]
+    verdicts: Verdicts
+
+
+class _FirstVisits:
+    """base_rubric generated: `first`, {question: the prompt index of its first draw in the step} of the questions
+    without a written base rubric, and, made on the step's event loop as first asked for, the future of each
+    one's written rubric (a parse), which the group of its first draw sets and its later draws await."""
+
+    def __init__(self, first: dict[str, int]):
+        self.first, self._results = first, {}
+
+    def result(self, question: str) -> asyncio.Future:
+        if question not in self._results:
+            self._results[question] = asyncio.get_running_loop().create_future()
+        return self._results[question]
+
+
+def _joined_groups(parts: Sequence[base.Rollouts], pad_id: int) -> base.Rollouts:
+    """One-group rollouts (each of one prompt, `asample_group`'s), part p as group p, as one prompt-major batch,
+    re-padded to the widest prompt (`base.concat_batches`: equal to packing every row at the common widths)."""
+    samples = [dataclasses.replace(s, prompt_index=p) for p, part in enumerate(parts) for s in part.samples]
+    batch, prompt_width = base.concat_batches([(part.batch, part.prompt_width) for part in parts], pad_id)
+    return base.Rollouts(samples=samples, texts=[t for part in parts for t in part.texts], batch=batch,
+                         prompt_width=prompt_width)
+
+
+def _widened(verdicts: Verdicts, width: int) -> Verdicts:
+    """`verdicts` [B, K] padded to [B, width] as a judge pads a rubric shorter than its max_items: unsatisfied,
+    step -1."""
+    pad = ((0, 0), (0, width - verdicts.satisfied_bk.shape[1]))
+    return dataclasses.replace(verdicts, satisfied_bk=np.pad(verdicts.satisfied_bk, pad),
+                               item_step_bk=np.pad(verdicts.item_step_bk, pad, constant_values=-1))
+
+
 def shown_answer(tokenizer: Any, text: str, max_tokens: Optional[int]) -> str:
     """What the generator is shown of a reasoner response (eq 2's O): its answer, the thinking stripped
     (`parsing.thinking_stripped`: "" for a response cut off while thinking), cut to its first `max_tokens` tokens
@@ -402,24 +471,25 @@ class EvoRubric(base.Algorithm):
         questions = [task.question(e) for e in examples]
         num_responses = context.sampling.n
 
-        # 1. Reasoner rollouts, base rubrics. 2. Generator rollouts, parsed. 3. Meta-verifier.
-        reasoner = base.sample_groups([task.prompt(e) for e in examples], context, step)
-        shown = self._shown_responses(reasoner, context)
-        base_rubrics, base_metrics = self._base_rubrics(examples, questions, shown, context, step)
+        # 1-4 per question, as its reasoner group is sampled (`_question_steps`): base rubric, generator rollouts,
+        # parsed, meta-verified, the responses graded. C_hist's pool part is read before any of them.
         history = [self.pool.criteria(q) if config.memory_pool else () for q in questions]
+        visits = self._first_visits(questions, context)
+        follow = functools.partial(self._question_steps, examples, questions, history, visits,
+                                   self._generator_context(context), context.judge.unrecorded, context, step)
+        reasoner, groups = base.sample_and_follow([task.prompt(e) for e in examples], context, step, follow)
+        base_rubrics, base_metrics = self._base_rubrics(questions, visits, groups)
         existing = [b + h for b, h in zip(base_rubrics, history)]
-        generator = self._generate(examples, shown, existing, context, step)
-        proposals = self._propose(examples, generator.texts, existing, context)
-
-        # 4. Grader: every response against its base rubric, pool and verified proposals.
-        rubrics = [Rubric(criteria=e + tuple(c for batch in verified for c in batch))
-                   for e, verified in zip(existing, proposals.verified)]
-        conversations = [tuple(task.prompt(example)) for example in examples]
-        requests = [JudgeRequest(question=questions[s.prompt_index], response=text, rubric=rubrics[s.prompt_index],
-                                 reference=task.reference(examples[s.prompt_index]), num_steps=len(split_steps(text)),
-                                 conversation=conversations[s.prompt_index])
-                    for s, text in zip(reasoner.samples, reasoner.texts)]
-        verdicts = base.judge_requests(requests, context, max(len(r.criteria) for r in rubrics), reasoner.failed_b)
+        generator = _joined_groups([g.generator for g in groups], context.pad_id)
+        proposals = _Proposals(parsed=[g.parsed for g in groups], verified=[g.verified for g in groups],
+                               parse_failures=sum((g.parse_failures for g in groups), collections.Counter()),
+                               rejected=sum((g.rejected for g in groups), collections.Counter()))
+        # The grader's verdicts at the step's K (the widest rubric), recorded once, in row order.
+        rubrics = [g.rubric for g in groups]
+        requests = [r for g in groups for r in g.requests]
+        max_items = max(len(r.criteria) for r in rubrics)
+        verdicts = Verdicts.concatenate([_widened(g.verdicts, max_items) for g in groups])
+        context.judge.record(requests, verdicts)
         judged = ~verdicts.failed_b
 
         # 5-7. Score matrix, variance filter, LOO consensus, generator reward (eq 3).
@@ -502,14 +572,12 @@ class EvoRubric(base.Algorithm):
                              f"got {type(task).__name__}; any task serves with algorithm.params.generator_format "
                              "paper and meta_verifier.kind llm")
 
-    def _shown_responses(self, reasoner, context) -> list[list[str]]:
-        """Per question, the responses the generator sees: the first responses_shown of its N, each its answer's
-        first shown_response_max_tokens tokens (`shown_answer`)."""
-        config, num_responses = self.config, context.sampling.n
-        shown = config.responses_shown or num_responses
-        return [[shown_answer(context.tokenizer, text, config.shown_response_max_tokens)
-                 for text in reasoner.texts[start:start + shown]]
-                for start in range(0, len(reasoner.texts), num_responses)]
+    def _shown_responses(self, texts: Sequence[str], context) -> list[str]:
+        """The responses of one question (its group's texts) the generator sees: the first responses_shown of its
+        N, each its answer's first shown_response_max_tokens tokens (`shown_answer`)."""
+        config = self.config
+        return [shown_answer(context.tokenizer, text, config.shown_response_max_tokens)
+                for text in texts[:config.responses_shown or len(texts)]]
 
     def _frozen_engine(self, context, role: str):
         """The context's frozen initial policy, which `role` samples from; ValueError naming the role without one."""
@@ -518,90 +586,152 @@ class EvoRubric(base.Algorithm):
                              "(train_rl makes one)")
         return context.frozen_engine
 
-    def _base_rubrics(self, examples, questions, shown, context, step) -> tuple[list[tuple[Criterion, ...]], dict]:
-        """Each question's base rubric (S_base's, and the head of C_hist) and its metrics. base_rubric task: the
-        task's rubric. base_rubric generated: the rubric the frozen initial policy wrote at the question's first
-        visit: one sample (stream 2) of the generator prompt (`generator_io`) with the question's shown responses
-        and no existing criteria (the paper gives no prompt for its base rubrics: Table 5's, which asks for what
-        separates the responses, so without responses it would rightly answer []), parsed; an empty list is a
-        rubric, a parse failure is counted ("evorubric/base_rubric_failed/<reason>") and tried again at the
-        question's next visit."""
+    def _generator_context(self, context) -> base.RolloutContext:
+        """The context the generator samples in (step 2): M samples per prompt with the generator's token budget,
+        from the frozen initial policy when the generator is not trained (External Evolving-RL: "a separate,
+        unoptimized external model of the same scale"); ValueError at once without a frozen engine then."""
         config = self.config
-        if config.base_rubric == "task":
-            return [context.task.rubric(e).criteria for e in examples], {}
-        first_visits = {}
-        for p, question in enumerate(questions):
-            if question not in self.written_base_rubrics:
-                first_visits.setdefault(question, p)
-        failures = collections.Counter()
-        if first_visits:
-            prompt, parse = generator_io(context.task, config)
-            sampling = dataclasses.replace(context.sampling, n=1, max_new_tokens=config.generator_max_new_tokens)
-            frozen = dataclasses.replace(context, engine=self._frozen_engine(context, "base_rubric generated"),
-                                         sampling=sampling)
-            written = base.sample_groups([prompt(examples[p], shown[p], ()) for p in first_visits.values()], frozen,
-                                         step, stream=2)
-            for question, text in zip(first_visits, written.texts):
-                result = parse(text)
-                if result.ok:
-                    self.written_base_rubrics[question] = result.rubric.criteria
-                else:
-                    failures[result.reason] += 1
-        metrics = {"evorubric/base_rubrics_written": float(len(first_visits) - sum(failures.values())),
-                   "evorubric/base_rubric_questions": float(len(self.written_base_rubrics))}
-        metrics.update({f"evorubric/base_rubric_failed/{reason}": float(n) for reason, n in sorted(failures.items())})
-        return [self.written_base_rubrics.get(q, ()) for q in questions], metrics
-
-    def _generate(self, examples, shown, existing, context, step) -> base.Rollouts:
-        """Step 2's rollouts: M per question, each prompt showing the question, its shown responses
-        (`_shown_responses`) and the existing criteria (C_hist), sampled with the generator's token budget; from
-        the frozen initial policy when the generator is not trained (External Evolving-RL: "a separate,
-        unoptimized external model of the same scale")."""
-        config = self.config
-        prompt, _ = generator_io(context.task, config)
-        messages = [prompt(e, shown[p], existing[p]) for p, e in enumerate(examples)]
         sampling = dataclasses.replace(context.sampling, n=config.generator_group_size,
                                        max_new_tokens=config.generator_max_new_tokens)
         engine = context.engine if config.train_generator else self._frozen_engine(
             context, "train_generator False (External Evolving-RL)")
-        return base.sample_groups(messages, dataclasses.replace(context, engine=engine, sampling=sampling), step,
-                                  stream=1)
+        return dataclasses.replace(context, engine=engine, sampling=sampling)
 
-    def _propose(self, examples, texts, existing, context) -> "_Proposals":
-        """Steps 2-3: each generator output parsed (`generator_io`), each parsed criterion meta-verified
-        (`_meta_verdicts`); without the meta-verifier every parsed criterion counts as verified."""
-        num_questions, num_generators = len(examples), self.config.generator_group_size
+    def _first_visits(self, questions, context) -> "_FirstVisits":
+        """base_rubric generated: the step's questions without a written base rubric, each with the prompt index of
+        its first draw in the step, whose group writes it (`_written_base_rubric`); none for base_rubric task.
+        ValueError at once when some are to be written and the context has no frozen engine."""
+        first = {}
+        if self.config.base_rubric == "generated":
+            for p, question in enumerate(questions):
+                if question not in self.written_base_rubrics:
+                    first.setdefault(question, p)
+        if first:
+            self._frozen_engine(context, "base_rubric generated")
+        return _FirstVisits(first)
+
+    async def _question_steps(self, examples, questions, history, visits, generator_context, judge, context, step,
+                              p: int, samples: list, texts: list[str]) -> "_QuestionSteps":
+        """Steps 1-4 for question p once its reasoner group (`samples`, `texts`) is sampled (`sample_and_follow`'s
+        follow-up): its base rubric (`_base_rubric`), C_hist = that + `history[p]` (the pool as it was before any
+        question's follow-up), its M generator rollouts (`_generate`), parsed and meta-verified (`_propose`), and
+        its responses graded against the base rubric, the pool and every verified proposal (`judge`, the context
+        judge's `unrecorded`; K = this rubric's length, `experience` widens it to the step's and records)."""
+        task = context.task
+        example = examples[p]
+        shown = self._shown_responses(texts, context)
+        base_rubric, written = await self._base_rubric(examples, questions, visits, p, shown, context, step)
+        existing = base_rubric + history[p]
+        generator = await self._generate(example, shown, existing, generator_context, step, p)
+        parsed, verified, parse_failures, rejected = await self._propose(example, generator.texts, existing, context)
+        rubric = Rubric(criteria=existing + tuple(c for batch in verified for c in batch))
+        conversation = tuple(task.prompt(example))
+        requests = [JudgeRequest(question=questions[p], response=text, rubric=rubric, reference=task.reference(example),
+                                 num_steps=len(split_steps(text)), conversation=conversation) for text in texts]
+        verdicts = await base.judge_group(judge, requests, samples, len(rubric.criteria))
+        return _QuestionSteps(base_rubric=base_rubric, written=written, generator=generator, parsed=parsed,
+                              verified=verified, parse_failures=parse_failures, rejected=rejected, rubric=rubric,
+                              requests=requests, verdicts=verdicts)
+
+    async def _base_rubric(self, examples, questions, visits, p, shown, context, step
+                           ) -> tuple[tuple[Criterion, ...], Optional[Any]]:
+        """Question p's base rubric (S_base's, and the head of C_hist), and the parse of the one its group wrote
+        (else None). base_rubric task: the task's rubric. base_rubric generated: the rubric the frozen initial
+        policy wrote at the question's first visit (`_written_base_rubric`), written in this step by the group of
+        the question's first draw in it, which the question's later draws in the step await; an unparsable one is
+        the empty rubric this step (`_base_rubrics` counts it and leaves it unwritten)."""
+        if self.config.base_rubric == "task":
+            return context.task.rubric(examples[p]).criteria, None
+        question = questions[p]
+        if question in self.written_base_rubrics:
+            return self.written_base_rubrics[question], None
+        written = visits.result(question)
+        if visits.first[question] == p:
+            try:
+                written.set_result(await self._written_base_rubric(examples[p], shown, context, step, p))
+            except BaseException:
+                written.cancel()
+                raise
+            result = written.result()
+            return (result.rubric.criteria if result.ok else ()), result
+        result = await asyncio.shield(written)
+        return (result.rubric.criteria if result.ok else ()), None
+
+    async def _written_base_rubric(self, example, shown, context, step, p):
+        """base_rubric generated, at a question's first visit: one sample (stream 2, seeded by its group p,
+        `asample_group`) of the frozen initial policy on the generator prompt (`generator_io`) with the question's
+        shown responses and no existing criteria, parsed (the paper gives no prompt for its base rubrics: Table
+        5's, which asks for what separates the responses, so without responses it would rightly answer [])."""
+        config = self.config
+        prompt, parse = generator_io(context.task, config)
+        sampling = dataclasses.replace(context.sampling, n=1, max_new_tokens=config.generator_max_new_tokens)
+        frozen = dataclasses.replace(context, engine=self._frozen_engine(context, "base_rubric generated"),
+                                     sampling=sampling)
+        written = await base.asample_group([prompt(example, shown, ())], frozen, step, stream=2, group=p)
+        return parse(written.texts[0])
+
+    def _base_rubrics(self, questions, visits, groups) -> tuple[list[tuple[Criterion, ...]], dict]:
+        """Each question's base rubric (its group's) and their metrics, once every group is in; with base_rubric
+        generated the rubrics written this step are kept (in the order of their questions' first draws, so the
+        checkpointed order does not depend on which group finished first); a parse failure is counted
+        ("evorubric/base_rubric_failed/<reason>") and tried again at the question's next visit."""
+        base_rubrics = [g.base_rubric for g in groups]
+        if self.config.base_rubric == "task":
+            return base_rubrics, {}
+        failures = collections.Counter()
+        for question, p in visits.first.items():
+            result = groups[p].written
+            if result.ok:
+                self.written_base_rubrics[question] = result.rubric.criteria
+            else:
+                failures[result.reason] += 1
+        metrics = {"evorubric/base_rubrics_written": float(len(visits.first) - sum(failures.values())),
+                   "evorubric/base_rubric_questions": float(len(self.written_base_rubrics))}
+        metrics.update({f"evorubric/base_rubric_failed/{reason}": float(n) for reason, n in sorted(failures.items())})
+        return base_rubrics, metrics
+
+    async def _generate(self, example, shown, existing, generator_context, step, p) -> base.Rollouts:
+        """Step 2's rollouts of question p: M samples of one prompt showing the question, its shown responses
+        (`_shown_responses`) and the existing criteria (C_hist), in the generator's context (`_generator_context`),
+        seeded by the question's group (`asample_group`, stream 1)."""
+        prompt, _ = generator_io(generator_context.task, self.config)
+        return await base.asample_group([prompt(example, shown, existing)], generator_context, step, stream=1,
+                                        group=p)
+
+    async def _propose(self, example, texts, existing, context):
+        """Steps 2-3 for one question: each of its M generator outputs parsed (`generator_io`), each parsed
+        criterion meta-verified (`_meta_verdicts`); without the meta-verifier every parsed criterion counts as
+        verified. (parsed R_m, None where the output did not parse; verified R~_m; parse failures by reason;
+        the meta-verifier's INVALID categories counted.)"""
         _, parse = generator_io(context.task, self.config)
         results = [parse(text) for text in texts]
-        parsed = [[r.rubric.criteria if r.ok else None for r in results[p * num_generators:(p + 1) * num_generators]]
-                  for p in range(num_questions)]
-        verdicts = self._meta_verdicts(examples, parsed, existing, context)
-        verified = [[tuple(c for c, v in zip(batch or (), verdicts.get((p, m), ())) if v is None)
-                     for m, batch in enumerate(batches)] for p, batches in enumerate(parsed)]
-        return _Proposals(parsed=parsed, verified=verified,
-                          parse_failures=collections.Counter(r.reason for r in results if not r.ok),
-                          rejected=collections.Counter(v for vs in verdicts.values() for v in vs if v is not None))
+        parsed = [r.rubric.criteria if r.ok else None for r in results]
+        verdicts = await self._meta_verdicts(example, parsed, existing, context)
+        verified = [tuple(c for c, v in zip(batch or (), verdicts.get(m, ())) if v is None)
+                    for m, batch in enumerate(parsed)]
+        return (parsed, verified, collections.Counter(r.reason for r in results if not r.ok),
+                collections.Counter(v for vs in verdicts.values() for v in vs if v is not None))
 
-    def _meta_verdicts(self, examples, parsed, existing, context) -> dict[tuple[int, int], tuple[Optional[str], ...]]:
-        """Step 3: {(p, m): per criterion of the parsed R_m, None (VALID) or its INVALID category}, against the
-        question's existing criteria (base rubric and pool); all None without the meta-verifier. The LLM
-        meta-verifier gets every non-empty proposal of the step in one batched call (its requests run
-        concurrently; a criterion it could not judge is rejected as META_VERIFIER_FAILED); the task's
-        `meta_verify` is asked once per proposal."""
-        audited = [(p, m) for p, batches in enumerate(parsed) for m, batch in enumerate(batches) if batch]
+    async def _meta_verdicts(self, example, parsed, existing, context) -> dict[int, tuple[Optional[str], ...]]:
+        """Step 3 for one question: {m: per criterion of the parsed R_m, None (VALID) or its INVALID category},
+        against the question's existing criteria (base rubric and pool); all None without the meta-verifier. The
+        LLM meta-verifier gets every non-empty proposal of the question in one awaited call (`averify`: its
+        requests run concurrently; a criterion it could not judge is rejected as META_VERIFIER_FAILED); the
+        task's `meta_verify` is asked once per proposal."""
+        audited = [m for m, batch in enumerate(parsed) if batch]
         if not self.config.meta_verifier:
-            return {(p, m): (None,) * len(parsed[p][m]) for p, m in audited}
-        with context.timer.phase("meta_verifier"):
-            if context.meta_verifier is not None:
-                answers = context.meta_verifier.verify([
-                    MetaVerifyRequest(context.task.question(examples[p]), parsed[p][m], existing[p])
-                    for p, m in audited])
-            else:
-                answers = [context.task.meta_verify(examples[p], parsed[p][m], existing[p]) for p, m in audited]
-        for (p, m), answer in zip(audited, answers):
-            if len(answer) != len(parsed[p][m]):
-                raise ValueError(f"the meta-verifier gave {len(answer)} verdicts for {len(parsed[p][m])} criteria")
-        return {key: tuple(answer) for key, answer in zip(audited, answers)}
+            return {m: (None,) * len(parsed[m]) for m in audited}
+        if not audited:
+            answers = []
+        elif context.meta_verifier is not None:
+            answers = await context.meta_verifier.averify([
+                MetaVerifyRequest(context.task.question(example), parsed[m], existing) for m in audited])
+        else:
+            answers = [context.task.meta_verify(example, parsed[m], existing) for m in audited]
+        for m, answer in zip(audited, answers):
+            if len(answer) != len(parsed[m]):
+                raise ValueError(f"the meta-verifier gave {len(answer)} verdicts for {len(parsed[m])} criteria")
+        return {m: tuple(answer) for m, answer in zip(audited, answers)}
 
     def _score_matrix(self, proposals, columns, verdicts, num_responses):
         """Step 4's verdicts as the score matrix [P, M, K, N], s = points when met (partial credit scales them),

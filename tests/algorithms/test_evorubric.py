@@ -209,7 +209,8 @@ def scripted_world(examples, *, proposals=None, responses=None):
 def run_step(config, examples, *, task=None, responses=None, proposals=None, judge=None, algorithm=None, step=0,
              n=4):
     """One `experience` call on the scripted engine (and, when the recipe asks for one, a frozen scripted engine
-    with the same script); returns (algorithm, experience, recorded calls of both engines, pool before)."""
+    with the same script); returns (algorithm, experience, the recorded calls of both engines by role
+    (`role_calls`), pool before)."""
     task = task or coarse_task()
     responses, proposals = scripted_world(examples, responses=responses, proposals=proposals)
     engine = Recording(ScriptedEngine(task.tokenizer(), responses, proposals))
@@ -219,7 +220,27 @@ def run_step(config, examples, *, task=None, responses=None, proposals=None, jud
     before = algorithm.state_dict()
     context = context_for(engine, task, task.tokenizer(), n=n, judge=judge, frozen_engine=frozen)
     result = algorithm.experience(examples, context, step)
-    return algorithm, result, engine.calls + (frozen.calls if frozen else []), before
+    return algorithm, result, role_calls(engine.calls + (frozen.calls if frozen else [])), before
+
+
+def merged_calls(calls):
+    """Several recorded engine calls as one (prompts, params, samples): their prompts and samples in order, each
+    sample's prompt index shifted past the earlier calls' prompts."""
+    prompts, samples = [], []
+    for call_prompts, _, call_samples in calls:
+        samples += [dataclasses.replace(s, prompt_index=s.prompt_index + len(prompts)) for s in call_samples]
+        prompts += call_prompts
+    return prompts, calls[0][1], samples
+
+
+def role_calls(calls):
+    """A step's recorded engine calls (of the policy engine, then of the frozen one) by role: [the reasoner's call,
+    the generator's calls (one per question, `asample_group`) as one, the base rubric writes (n = 1, one per
+    first visit) as one, when there were any], as the step sampled them before it sampled per question."""
+    reasoner, rest = calls[0], calls[1:]
+    generator = [c for c in rest if c[1].n > 1]
+    written = [c for c in rest if c[1].n == 1]
+    return [reasoner] + [merged_calls(part) for part in (generator, written) if part]
 
 
 # ---------------------------------------------------------------- the NumPy reference of one step
@@ -500,7 +521,8 @@ def test_external_generator_samples_from_the_frozen_engine_only():
     engine, frozen = (Recording(ScriptedEngine(task.tokenizer(), responses, proposals)) for _ in range(2))
     EvoRubric(config).experience(examples, context_for(engine, task, task.tokenizer(), frozen_engine=frozen), 0)
     [(reasoner_prompts, _, _)] = engine.calls
-    [(generator_prompts, params, _)] = frozen.calls
+    assert len(frozen.calls) == 2  # one per question (`asample_group`)
+    generator_prompts, params, _ = merged_calls(frozen.calls)
     assert not any(map(is_generator_prompt, reasoner_prompts)) and len(reasoner_prompts) == 2
     assert all(map(is_generator_prompt, generator_prompts)) and len(generator_prompts) == 2 and params.n == 5
     with pytest.raises(ValueError, match="frozen_engine"):
@@ -735,8 +757,8 @@ def test_a_train_rl_step_end_to_end_matches_the_reference_and_its_pool_survives_
                 "evorubric/archived", "judge/failure_rate", "train/loss", "train/grad_norm", "mismatch/k3"}
     assert expected <= line.keys() and line["train/grad_norm"] > 0
     [(algorithm, examples, before, result)] = steps
-    check_against_reference(algorithm.config, task, examples, algorithm, result, engines[0].calls[:2], before,
-                            judge=judge)
+    check_against_reference(algorithm.config, task, examples, algorithm, result,
+                            role_calls(engines[0].calls[:1 + len(examples)]), before, judge=judge)
 
     _, meta = Checkpointer(tmp_path / "run" / "checkpoints").restore(1, None)
     saved = meta["algorithm_state"]
@@ -783,10 +805,11 @@ def test_train_rl_samples_the_external_generator_from_a_frozen_engine_that_survi
     external("b", 1, first=1)
     policy_engine, resumed = external("b", 2, first=2)
     assert policy_engine.calls[0][2][0].weight_version == "step-1"  # it resumed after step 1
-    [(prompts, _, samples)] = resumed.calls
-    assert prompts == uninterrupted.calls[1][0]
-    assert [(s.output_ids, s.logprobs) for s in samples] == [(s.output_ids, s.logprobs)
-                                                             for s in uninterrupted.calls[1][2]]
+    assert len(resumed.calls) == 2  # step 2's generator, one call per question
+    prompts, _, samples = merged_calls(resumed.calls)
+    expected_prompts, _, expected = merged_calls(uninterrupted.calls[2:])
+    assert prompts == expected_prompts
+    assert [(s.output_ids, s.logprobs) for s in samples] == [(s.output_ids, s.logprobs) for s in expected]
 
 
 # ---------------------------------------------------------------- the paper's formats on a dataset task
