@@ -331,14 +331,6 @@ def _joined_groups(parts: Sequence[base.Rollouts], pad_id: int) -> base.Rollouts
                          prompt_width=prompt_width)
 
 
-def _widened(verdicts: Verdicts, width: int) -> Verdicts:
-    """`verdicts` [B, K] padded to [B, width] as a judge pads a rubric shorter than its max_items: unsatisfied,
-    step -1."""
-    pad = ((0, 0), (0, width - verdicts.satisfied_bk.shape[1]))
-    return dataclasses.replace(verdicts, satisfied_bk=np.pad(verdicts.satisfied_bk, pad),
-                               item_step_bk=np.pad(verdicts.item_step_bk, pad, constant_values=-1))
-
-
 def shown_answer(tokenizer: Any, text: str, max_tokens: Optional[int]) -> str:
     """What the generator is shown of a reasoner response (eq 2's O): its answer, the thinking stripped
     (`parsing.thinking_stripped`: "" for a response cut off while thinking), cut to its first `max_tokens` tokens
@@ -488,7 +480,7 @@ class EvoRubric(base.Algorithm):
         rubrics = [g.rubric for g in groups]
         requests = [r for g in groups for r in g.requests]
         max_items = max(len(r.criteria) for r in rubrics)
-        verdicts = Verdicts.concatenate([_widened(g.verdicts, max_items) for g in groups])
+        verdicts = Verdicts.concatenate([g.verdicts.widened(max_items) for g in groups])
         context.judge.record(requests, verdicts)
         judged = ~verdicts.failed_b
 
