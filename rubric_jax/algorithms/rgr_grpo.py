@@ -5,17 +5,18 @@ refinement joins the group as its off-policy rollout, trained with a shaped, unc
 
 For each step (G = sampling.n rollouts per prompt; Algorithm 1 of Appendix B; `rubric_reward`, `reward` and
 `advantage` are the recipe's methods a variant overrides):
-  1. sample G responses per prompt: o_1..o_{G-1} on-policy, the G-th     base.sample_and_judge
-     held in reserve
-  2. judge each against its rubric of factual and process criteria       (each group as it finishes)
+  1. sample G responses per prompt: o_1..o_{G-1} on-policy, the G-th     base.sample_and_follow; steps 2-5
+     held in reserve                                                     on each group as soon as it is
+                                                                         sampled (group_work)
+  2. judge each against its rubric of factual and process criteria       base.rollout_request, judge_group
   3. r_i = 1 if every factual criterion is met, else                     rubric_reward:
      sum_k w_k s_k / sum_k w_k over all criteria (eqs 4-5)               core.rewards.rgr_factual_gated_reward
   4. exploration assessment of o_1..o_{G-1}: o_best = argmax r (eq 7),   core.rubric_validity.rgr_exploration_assessment
      ties at r = 1 going to a rollout meeting every criterion;           (`assessment_key`)
      solved iff o_best meets every criterion, C_failed its unmet ones (eq 8)
   5. solved group: o_G is the reserved on-policy sample (plain GRPO)
-     unsolved group: o_G ~ pi_old(. | q, o_best, C_failed) (eq 9), one     base.sample_groups(..., stream=1) of
-     sample, judged and rewarded as in 2-3; it replaces the reserved      `refinement_prompt`
+     unsolved group: o_G ~ pi_old(. | q, o_best, C_failed) (eq 9), one     base.asample_group(stream=1, seeded
+     sample, judged and rewarded as in 2-3; it replaces the reserved      by the group) of `refinement_prompt`
      sample and is trained as a response to the original prompt q
   6. length penalty r_i - lambda (L_i - L*) (section 3)                  reward: core.rewards.rgr_length_shaping
   7. A_i = r_i - mean_g r: eq 1 without the std, which the paper drops   advantage:
@@ -290,40 +291,30 @@ class RGRGRPO(base.Algorithm):
         config, group = self.config, context.sampling.n
         if group < 2:
             raise ValueError(f"RGR-GRPO needs sampling.n >= 2 (G - 1 on-policy rollouts and o_G), got {group}")
-        # 1-3: G rollouts per prompt, judged and rewarded.
+        # 1-5: G rollouts per prompt; each group, as soon as it is sampled, judged, assessed and, unsolved, its best
+        # rollout refined and the refinement judged (`group_work`).
         task = context.task
-        judged = base.sample_and_judge([task.prompt(e) for e in examples], context, step,
-                                       lambda s, text: base.rollout_request(examples[s.prompt_index], text, task),
-                                       config.max_items)
-        rollouts, requests, verdicts = judged.rollouts, judged.requests, judged.verdicts
+        rollouts, work = base.sample_and_follow(
+            [task.prompt(e) for e in examples], context, step,
+            lambda g, samples, texts: self.group_work(examples[g], g, samples, texts, context, step))
+        requests = [r for group_work in work for r in group_work.requests]
+        verdicts = Verdicts.concatenate([group_work.verdicts for group_work in work])
         rubrics = [r.rubric for r in requests]
         items = _rubric_items(rubrics, config.max_items, config.criteria)
-        counted_bk = items[2]
         rows = _Rows(samples=list(rollouts.samples), texts=list(rollouts.texts), requests=list(requests),
                      batch=dict(rollouts.batch), satisfied_bk=np.array(verdicts.satisfied_bk),
                      item_step_bk=np.array(verdicts.item_step_bk), failed_b=np.array(verdicts.failed_b),
                      reasons=list(verdicts.reasons), off_policy_b=np.zeros(len(rollouts.samples), bool))
-        rubric_b = self.rubric_reward(rows.satisfied_bk, items)
-        # 4: exploration assessment over the G - 1 on-policy rollouts that were judged.
+        context.judge.record(requests, verdicts)
         group_ids = rollouts.group_ids
-        assessed_b = (np.arange(len(group_ids)) % group < group - 1) & ~rows.failed_b
-        assessment = rubric_validity.rgr_exploration_assessment(
-            jnp.asarray(assessment_key(rubric_b, rows.satisfied_bk, counted_bk)), jnp.asarray(rows.satisfied_bk),
-            jnp.asarray(counted_bk), jnp.asarray(group_ids), jnp.asarray(assessed_b))
         last_rows = np.arange(len(examples)) * group + group - 1
-        best_g = np.asarray(assessment.best_index)[last_rows]
-        solved_g = np.asarray(assessment.solved)[last_rows]
-        refine_g = config.refine & (best_g >= 0) & (~solved_g | (not config.exploration_assessment))
-        # 5: refine the unsolved groups' best rollouts; each refinement replaces its group's reserved rollout.
-        refined_groups = np.flatnonzero(refine_g)
+        best_g = np.array([g * group + w.best if w.best >= 0 else -1 for g, w in enumerate(work)], np.int64)
+        solved_g = np.array([w.solved for w in work], bool)
+        refined_groups = np.array([g for g, w in enumerate(work) if w.refinement is not None], np.int64)
+        refine_g = np.isin(np.arange(len(examples)), refined_groups)
         if refined_groups.size:
-            failed_bk = np.asarray(assessment.failed_bk)
-            refine_prompts = [
-                refinement_prompt(context.task, examples[g], rows.texts[best_g[g]],
-                                  _failed_criteria(rubrics[best_g[g]], failed_bk[best_g[g]]))
-                for g in refined_groups]
-            self._swap_in_refinements(rows, refine_prompts, [examples[g] for g in refined_groups],
-                                      last_rows[refined_groups], rollouts.prompt_width, context, step)
+            refined = [work[g].refinement for g in refined_groups]
+            self._swap_in_refinements(rows, refined, last_rows[refined_groups], rollouts.prompt_width, context)
         rubric_b = self.rubric_reward(rows.satisfied_bk, items)
         # 6-7: length penalty, group-relative advantages.
         lengths_b = np.array([len(s.output_ids) for s in rows.samples], np.float32)
@@ -360,35 +351,91 @@ class RGRGRPO(base.Algorithm):
         values = base.recipe_values(rows.requests, reward_b, np.where(valid_b, advantage_b, 0.0), group_ids)
         return base.Experience(batch=batch, prompt_width=rollouts.prompt_width, metrics=metrics, recipe_values=values)
 
-    def _swap_in_refinements(self, rows: _Rows, refine_prompts, refined_examples, target_rows, prompt_width: int,
-                             context: base.RolloutContext, step: int) -> None:
-        """Samples one refinement per prompt (stream 1), judges it, and writes it over `target_rows`: its response
-        after the row's own prompt region (q), the engine's logprobs, its verdict, and off_policy_b. The refinement
-        prompts are capped by `refinement_max_prompt_tokens`, not by the questions' cap."""
+    async def group_work(self, example: Any, group_index: int, samples: Sequence[Any], texts: Sequence[str],
+                         context: base.RolloutContext, step: int) -> "GroupWork":
+        """Steps 2-5 on one group, run as soon as it is sampled (`base.sample_and_follow`): its G rollouts judged
+        (step 2), rewarded (3) and assessed over the G - 1 on-policy ones that were judged (4); unsolved (or every
+        group, without the exploration assessment), its best rollout refined on the criteria it failed (one
+        sample, stream 1, seeded by the group's index: `base.asample_group`; capped by
+        `refinement_max_prompt_tokens`) and the refinement judged (5). The judge's `unrecorded` judges; `experience`
+        records the first pass, then the refinements, in row order."""
+        config, task, group = self.config, context.task, len(samples)
+        judge = context.judge.unrecorded
+        requests = [base.rollout_request(example, text, task) for text in texts]
+        verdicts = await base.judge_group(judge, requests, samples, config.max_items)
+        rubrics = [r.rubric for r in requests]
+        items = _rubric_items(rubrics, config.max_items, config.criteria)
+        counted_bk = items[2]
+        rubric_b = self.rubric_reward(verdicts.satisfied_bk, items)
+        assessed_b = (np.arange(group) < group - 1) & ~verdicts.failed_b
+        assessment = rubric_validity.rgr_exploration_assessment(
+            jnp.asarray(assessment_key(rubric_b, verdicts.satisfied_bk, counted_bk)),
+            jnp.asarray(verdicts.satisfied_bk), jnp.asarray(counted_bk), jnp.zeros(group, jnp.int32),
+            jnp.asarray(assessed_b))
+        best, solved = int(assessment.best_index[0]), bool(assessment.solved[0])
+        work = GroupWork(requests, verdicts, best, solved)
+        if not (config.refine and best >= 0 and (not solved or not config.exploration_assessment)):
+            return work
+        prompt = refinement_prompt(task, example, texts[best],
+                                   _failed_criteria(rubrics[best], np.asarray(assessment.failed_bk)[best]))
         single = dataclasses.replace(context, sampling=dataclasses.replace(context.sampling, n=1),
-                                     max_prompt_tokens=self.config.refinement_max_prompt_tokens)
-        refined = base.sample_groups(refine_prompts, single, step, stream=1)
-        requests = base.rollout_requests(refined_examples, refined, context.task)
-        verdicts = base.judge_requests(requests, context, self.config.max_items, refined.failed_b)
+                                     max_prompt_tokens=config.refinement_max_prompt_tokens)
+        refined = await base.asample_group([prompt], single, step, stream=1, group=group_index)
+        refined_requests = [base.rollout_request(example, refined.texts[0], task)]
+        refined_verdicts = await base.judge_group(judge, refined_requests, refined.samples, config.max_items)
+        return dataclasses.replace(work, refinement=Refinement(refined, refined_requests, refined_verdicts))
+
+    def _swap_in_refinements(self, rows: _Rows, refined: Sequence["Refinement"], target_rows: np.ndarray,
+                             prompt_width: int, context: base.RolloutContext) -> None:
+        """Writes each group's refinement over its group's reserved row (`target_rows`): its response after the
+        row's own prompt region (q), the engine's logprobs, its verdict, and off_policy_b; the refinements'
+        verdicts recorded by the run's judge, in row order."""
+        requests = [r for refinement in refined for r in refinement.requests]
+        verdicts = Verdicts.concatenate([refinement.verdicts for refinement in refined])
+        context.judge.record(requests, verdicts)
+        samples = [refinement.rollouts.samples[0] for refinement in refined]
         batch, response_width = rows.batch, context.sampling.max_new_tokens
         prompt_ids = [batch["tokens_bt"][r, :prompt_width][batch["attention_mask_bt"][r, :prompt_width]]
                       for r in target_rows]
-        packed = train_step.pack_sequences(prompt_ids, [s.output_ids for s in refined.samples], pad_id=context.pad_id,
+        packed = train_step.pack_sequences(prompt_ids, [s.output_ids for s in samples], pad_id=context.pad_id,
                                            prompt_width=prompt_width, response_width=response_width)
         for key, value in packed.items():
             batch[key][target_rows] = value
-        batch["rollout_logp_bt"][target_rows] = np.pad(
-            refined.batch["rollout_logp_bt"][:, refined.prompt_width:], ((0, 0), (prompt_width, 0)))
-        for sample, text, request, reason, r in zip(refined.samples, refined.texts, requests, verdicts.reasons,
-                                                     target_rows):
-            rows.samples[r] = dataclasses.replace(sample, prompt_index=rows.samples[r].prompt_index)
-            rows.texts[r] = text
+        batch["rollout_logp_bt"][target_rows] = np.concatenate([np.pad(
+            refinement.rollouts.batch["rollout_logp_bt"][:, refinement.rollouts.prompt_width:],
+            ((0, 0), (prompt_width, 0))) for refinement in refined])
+        for refinement, request, reason, r in zip(refined, requests, verdicts.reasons, target_rows):
+            rows.samples[r] = dataclasses.replace(refinement.rollouts.samples[0],
+                                                  prompt_index=rows.samples[r].prompt_index)
+            rows.texts[r] = refinement.rollouts.texts[0]
             rows.requests[r] = request
             rows.reasons[r] = reason
         rows.satisfied_bk[target_rows] = verdicts.satisfied_bk
         rows.item_step_bk[target_rows] = verdicts.item_step_bk
         rows.failed_b[target_rows] = verdicts.failed_b
         rows.off_policy_b[target_rows] = True
+
+
+@dataclasses.dataclass(frozen=True)
+class Refinement:
+    """One group's refinement o_G (step 5): its rollout (one sample), its judge request and verdict."""
+
+    rollouts: base.Rollouts
+    requests: list[JudgeRequest]
+    verdicts: Verdicts
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupWork:
+    """Steps 2-5 on one group (`RGRGRPO.group_work`): its requests and verdicts [G, K], o_best's index in the
+    group (-1: no rollout was assessed), whether o_best meets every criterion, and its refinement (None: the
+    group was not refined)."""
+
+    requests: list[JudgeRequest]
+    verdicts: Verdicts
+    best: int
+    solved: bool
+    refinement: Optional[Refinement] = None
 
 
 def refine_at_test_time(

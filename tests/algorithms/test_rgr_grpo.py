@@ -257,7 +257,8 @@ def test_rewards_assessment_and_advantages_recomputed_in_numpy(criteria):
     # The refinement prompts show each unsolved group's best rollout and exactly its failed criteria.
     refine = [refinement_messages(examples[g], texts[best], crit)
               for g, (best, crit) in enumerate(failed) if not solved[g]]
-    assert engine.calls[1] == refine
+    # One call per refined group, made as soon as its group was judged, in whichever order they ran.
+    assert len(engine.calls) == 1 + len(refine) and all([messages] in engine.calls[1:] for messages in refine)
     for g in np.flatnonzero(~solved):
         last = g * group + group - 1
         np.testing.assert_array_equal(batch["tokens_bt"][last, :width], batch["tokens_bt"][g * group, :width])
@@ -281,8 +282,8 @@ def test_without_refinement_every_rollout_is_on_policy_and_nothing_else_changes(
 def test_without_exploration_assessment_solved_groups_are_refined_too(tokenizer):
     result, calls = scripted_step(tokenizer, exploration_assessment=False)
     np.testing.assert_array_equal(result.batch["off_policy_b"], [False, False, True] * 2)
-    assert calls[1] == [refinement_messages(A, GOLD_A, []),
-                        refinement_messages(B, PROSE_B, [rgr_rubric(B).criteria[-1]])]
+    assert calls[1:] == [[refinement_messages(A, GOLD_A, [])],  # one call per refined group
+                         [refinement_messages(B, PROSE_B, [rgr_rubric(B).criteria[-1]])]]
     np.testing.assert_allclose(row_rewards(result), dr_grpo([1, 7 / 15, 1, 7 / 13, 1, 1], 3), atol=1e-6)
 
 
