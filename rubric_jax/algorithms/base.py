@@ -1055,18 +1055,28 @@ def take_groups(groups: GroupBatch, chosen: Sequence[int]) -> GroupBatch:
         extras={key: value[rows] for key, value in groups.extras.items()})
 
 
-def concat_groups(parts: Sequence[GroupBatch], pad_id: int) -> GroupBatch:
-    """The groups of `parts` (non-empty, each judged or none, with the same extras) as one GroupBatch, part after
-    part; the packed rows re-padded to the widest prompt (`concat_batches`)."""
+def concat_rollouts(parts: Sequence[Rollouts], pad_id: int) -> Rollouts:
+    """The rollouts of `parts` (non-empty, each prompt-major over its own prompts) as one Rollouts, part after
+    part, the prompt indices running over every part's prompts; the packed rows re-padded to the widest prompt
+    (`concat_batches`: equal to packing every row at the common widths). For a second role sampled group by
+    group (`asample_group`) and for dynamic sampling's generation batches."""
     if not parts:
-        raise ValueError("concat_groups needs at least one part")
+        raise ValueError("concat_rollouts needs at least one part")
     samples, offset = [], 0
     for part in parts:
-        samples += [dataclasses.replace(s, prompt_index=s.prompt_index + offset) for s in part.rollouts.samples]
-        offset += len(part.examples)
-    batch, prompt_width = concat_batches([(p.rollouts.batch, p.rollouts.prompt_width) for p in parts], pad_id)
-    rollouts = Rollouts(samples=samples, texts=[t for p in parts for t in p.rollouts.texts], batch=batch,
-                        prompt_width=prompt_width)
+        samples += [dataclasses.replace(s, prompt_index=s.prompt_index + offset) for s in part.samples]
+        offset += 1 + max((s.prompt_index for s in part.samples), default=-1)
+    batch, prompt_width = concat_batches([(part.batch, part.prompt_width) for part in parts], pad_id)
+    return Rollouts(samples=samples, texts=[t for part in parts for t in part.texts], batch=batch,
+                    prompt_width=prompt_width)
+
+
+def concat_groups(parts: Sequence[GroupBatch], pad_id: int) -> GroupBatch:
+    """The groups of `parts` (non-empty, each judged or none, with the same extras) as one GroupBatch, part after
+    part; the packed rows re-padded to the widest prompt (`concat_rollouts`)."""
+    if not parts:
+        raise ValueError("concat_groups needs at least one part")
+    rollouts = concat_rollouts([p.rollouts for p in parts], pad_id)
     judged = parts[0].verdicts is not None
     if any((p.verdicts is not None) != judged for p in parts):
         raise ValueError("concat_groups needs every part judged or none")

@@ -322,15 +322,6 @@ class _FirstVisits:
         return self._results[question]
 
 
-def _joined_groups(parts: Sequence[base.Rollouts], pad_id: int) -> base.Rollouts:
-    """One-group rollouts (each of one prompt, `asample_group`'s), part p as group p, as one prompt-major batch,
-    re-padded to the widest prompt (`base.concat_batches`: equal to packing every row at the common widths)."""
-    samples = [dataclasses.replace(s, prompt_index=p) for p, part in enumerate(parts) for s in part.samples]
-    batch, prompt_width = base.concat_batches([(part.batch, part.prompt_width) for part in parts], pad_id)
-    return base.Rollouts(samples=samples, texts=[t for part in parts for t in part.texts], batch=batch,
-                         prompt_width=prompt_width)
-
-
 def shown_answer(tokenizer: Any, text: str, max_tokens: Optional[int]) -> str:
     """What the generator is shown of a reasoner response (eq 2's O): its answer, the thinking stripped
     (`parsing.thinking_stripped`: "" for a response cut off while thinking), cut to its first `max_tokens` tokens
@@ -472,7 +463,7 @@ class EvoRubric(base.Algorithm):
         reasoner, groups = base.sample_and_follow([task.prompt(e) for e in examples], context, step, follow)
         base_rubrics, base_metrics = self._base_rubrics(questions, visits, groups)
         existing = [b + h for b, h in zip(base_rubrics, history)]
-        generator = _joined_groups([g.generator for g in groups], context.pad_id)
+        generator = base.concat_rollouts([g.generator for g in groups], context.pad_id)
         proposals = _Proposals(parsed=[g.parsed for g in groups], verified=[g.verified for g in groups],
                                parse_failures=sum((g.parse_failures for g in groups), collections.Counter()),
                                rejected=sum((g.rejected for g in groups), collections.Counter()))

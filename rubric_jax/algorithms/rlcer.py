@@ -278,18 +278,6 @@ def question_judgements(work: Sequence[QuestionWork], num_slots: int, num_rollou
                       tuple(q * num_rollouts + n for q, question in enumerate(work) for n, _ in question.targets))
 
 
-def _joined_rollouts(parts: Sequence[base.Rollouts], pad_id: int) -> base.Rollouts:
-    """The questions' rubricator rollouts (one sample per prompt each) as one Rollouts, question after question,
-    prompt indices running over all of them, packed at common widths (`base.concat_batches`)."""
-    samples, offset = [], 0
-    for part in parts:
-        samples += [dataclasses.replace(s, prompt_index=s.prompt_index + offset) for s in part.samples]
-        offset += len(part.samples)
-    batch, prompt_width = base.concat_batches([(part.batch, part.prompt_width) for part in parts], pad_id)
-    return base.Rollouts(samples=samples, texts=[t for part in parts for t in part.texts], batch=batch,
-                         prompt_width=prompt_width)
-
-
 def _recorded(found: Judgements, context: base.RolloutContext) -> Judgements:
     """`found`, its verifier calls recorded by the run's judge in request order (`Judge.record`)."""
     if found.verdicts is not None:
@@ -530,7 +518,7 @@ class RLCER(base.Algorithm):
             step, lambda q, samples, texts: self.question_work(examples[q], q, samples, texts, context, step))
         correct_b = np.concatenate([question.correct_n for question in work])
         read = [b for b in range(len(reasoner.samples)) if b % num_rollouts < per_question]
-        rubricator = _joined_rollouts([question.rubricator for question in work], context.pad_id)
+        rubricator = base.concat_rollouts([question.rubricator for question in work], context.pad_id)
         table = rubric_table([p for question in work for p in question.parses], num_questions, config.max_items)
         judgements = _recorded(question_judgements(work, table.mask_pk.shape[1], num_rollouts), context)
         judged_pn = judgements.judged_pn
