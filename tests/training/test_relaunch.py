@@ -203,7 +203,8 @@ def test_a_signal_stops_the_run_after_its_step_with_a_checkpoint_and_it_resumes(
     config = tiny_rl_config(tmp_path, steps=4, checkpoint=CheckpointConfig(every_steps=10))
     with pytest.raises(runs.RunInterrupted, match=f"stopped by {signal.Signals(signal_number).name} after step 2 "
                                                   "of 4, checkpointed in") as error:
-        rl.train_rl(config, toy_task(), judge=SignallingJudge(1, signal_number))
+        # call 2: the first of step 2's (the judge is called once per group, of 2 prompts a step)
+        rl.train_rl(config, toy_task(), judge=SignallingJudge(2, signal_number))
     assert error.value.exit_code == 128 + signal_number
     assert signal.getsignal(signal_number) is handler  # the run's handler is gone
     assert Checkpointer(tmp_path / "run" / "checkpoints").latest_step() == 2
