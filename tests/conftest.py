@@ -1,4 +1,9 @@
+import gc
 import os
+from pathlib import Path
+from typing import Optional
+
+import pytest
 
 # Tests run on the CPU. Eight simulated host devices let the sharding tests build FSDP, TP and mixed meshes;
 # it must be set before any test module initialises the JAX backend, hence here. Single-device code is unaffected.
@@ -33,3 +38,38 @@ def pytest_collection_finish(session):
         from tests.judges import llama_cpp  # noqa: PLC0415
 
         llama_cpp.start_building()
+
+
+# XLA:CPU loads each compiled kernel into memory mappings of its own (about three: code, constants, data), and
+# JAX keeps every executable of a jitted function for as long as the function lives, i.e. the whole session for
+# the project's module-level jitted functions. The serial suite's one process thus gathers tens of thousands of
+# mappings; past the kernel's limit (vm.max_map_count, 65530 by default) LLVM cannot allocate the next kernel's
+# memory and XLA crashes in that compile (SIGSEGV in backend_compile_and_load) instead of raising. So between two
+# test files, once the process holds more than half the limit, JAX's caches are cleared (which unmaps the
+# executables; later calls compile again). Half the limit leaves room for several times the largest file's own
+# growth (about 9000 mappings, tests/core/test_advantages.py).
+def _memory_maps() -> Optional[int]:
+    try:
+        with open("/proc/self/maps", "rb") as maps:
+            return maps.read().count(b"\n")
+    except OSError:  # not Linux
+        return None
+
+
+def _max_map_count() -> int:
+    try:
+        return int(Path("/proc/sys/vm/max_map_count").read_text())
+    except (OSError, ValueError):
+        return 65530
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item, nextitem):
+    if nextitem is not None and nextitem.path == item.path:
+        return
+    maps = _memory_maps()
+    if maps is not None and maps > _max_map_count() // 2:
+        import jax  # noqa: PLC0415 (the backend is configured above, before any test imported jax)
+
+        jax.clear_caches()
+        gc.collect()
