@@ -1,34 +1,51 @@
 """`EmbeddedEngine`: an in-process rollout engine, a jitted sampler on the Decoder's KV-cache path (the default on
 CPU and in tests; the same interface as the SGLang engine, `engine.RolloutEngine`).
 
-One call, on the device:
-1. Prefill: the rows (each prompt repeated `n` times, prompt-major) are left-padded to a common width and fed
-   at once into an empty KV cache; positions count each row's real tokens (cumsum(mask) - 1), so a row's result
-   does not depend on its padding.
-2. Decode, under one `lax.while_loop`: sample a token for every row from the last logits, record it, then feed
-   the recorded tokens (one per row) to get the next logits. A row is done after a stop token (the engine's EOS
-   ids or the call's `stop_token_ids`) or after its token budget; done rows feed masked padding. The loop exits
-   as soon as every row is done, or after max_new_tokens tokens.
-3. Sampling (SGLang's sampler): with penalties (`SamplingParams.penalized`), the raw logits first get the
+One call is decoded by continuous batching (JetStream's prefill / insert / generate), over a fixed number of
+decode slots B (`decode_slots`; by default the call's rows rounded up to a power of two, at most MAX_AUTO_SLOTS):
+1. Rows: each prompt repeated `n` times, prompt-major, each with its sample seed; they wait in row order for a
+   free slot. Slot b is one row of a KV cache with its own write position (`KVCache.end` [B]): its row's prompt
+   in slots [0, P) (left-padded to the call's prompt width P), its response from P on.
+2. Shared prefill: a prompt is prefilled once, not n times. When the next waiting row's prompt has no prefill
+   yet, the next G distinct prompts (rows of equal prompt ids share one, wherever they are) are prefilled
+   together into a cache of exactly P slots, with positions counting each prompt's real tokens
+   (cumsum(mask) - 1), so a row's result does not depend on its padding; G is B / (rows per prompt) rounded up
+   to a power of two, so that one prefill fills the slots of G whole groups. A prefill stays on the device until
+   every row of its prompts is in a slot: a group that finds too few free slots waits, and its other rows are
+   inserted later from the saved prefill (at most two prefills are kept).
+3. Insert: a free slot takes the next waiting row: its prompt's keys and values are copied into the slot's
+   [0, P), the rest of the slot invalidated, its write position set to P, and its first token sampled from the
+   prompt's last logits.
+4. Generate, in chunks of CHUNK_STEPS steps (one jitted `lax.while_loop` over the slots, the slot state
+   donated): each live slot feeds its last token and samples the next. A slot is done after a stop token (the
+   engine's EOS ids or the call's `stop_token_ids`) or after its token budget; done slots feed masked padding.
+   A chunk ends early once no slot is live. Between chunks the host reads which slots finished, hands their
+   rows' responses on, and refills those slots (1-3): a finished row leaves within CHUNK_STEPS steps, instead
+   of keeping its slot until the longest row of a static batch is done.
+Every row keeps its own random stream (5.), so the samples are those of the static-batch reference
+(`StaticEngine`: all rows prefilled and decoded together until the last is done; the tests compare the two):
+the same tokens and finish reasons, logprobs equal up to float summation order.
+
+5. Sampling (SGLang's sampler): with penalties (`SamplingParams.penalized`), the raw logits first get the
    presence, frequency and repetition penalties of the tokens the row has generated so far (`penalized_logits`,
-   from a per-row count of every vocabulary token, int32 [rows, V], updated after each token: 4 bytes x rows x V,
-   e.g. 150 MiB for 256 rows of a 152k vocabulary; not allocated at all without penalties); then
+   from a per-slot count of every vocabulary token, int32 [B, V], updated after each token: 4 bytes x B x V,
+   e.g. 150 MiB for 256 slots of a 152k vocabulary; not allocated at all without penalties); then
    logits / temperature, then top-k (k most likely tokens) and top-p (a token is
    kept while the probability mass of the tokens ranked above it is <= top_p; the most likely token always is);
    temperature 0 is greedy (argmax, no filtering). Ties at the top-k / top-p threshold are all kept (a threshold
    on the value, not a cut in sort order). The token is drawn from the kept tokens' renormalised probabilities
    by the inverse CDF of one uniform per row and step (`inverse_cdf_sample`); each sample's uniforms come from
    its own stream, `fold_in(key(sample seed), step)` with the sample seed `engine.sample_seeds(call seed)[sample
-   index in the call]` (the seeds the SGLang engine sends), so results do not depend on batching, padding or
-   `max_batch_size`.
-4. Logprobs: log_softmax(logits / temperature) of the sampled token, before top-k / top-p (temperature 0 counts
+   index in the call]` (the seeds the SGLang engine sends) and `step` the row's own step, so results do not
+   depend on batching, padding, slots or refill order.
+6. Logprobs: log_softmax(logits / temperature) of the sampled token, before top-k / top-p (temperature 0 counts
    as 1): what `rubric_jax.models.logprobs.sequence_logprobs(..., temperature=...)` recomputes in the learner.
    With penalties they are those of the penalised logits, as SGLang's (which the learner does not recompute).
 
 Stop handling mirrors SGLang (`Req.check_finished`, checked after every token in this order): the length budget
 first ("length", even if that last token is a stop token), then stop token ids ("stop", the token included,
 `matched_stop` its id), then stop strings ("stop", `matched_stop` the first string of `stop`, in list order,
-found in the decoded output). Stop strings are checked on the host after generation: the sample is cut after
+found in the decoded output). Stop strings are checked on the host once a row has finished: the sample is cut after
 the first token whose decoded prefix contains a stop string (`tokenizer.decode`, special tokens kept, as
 SGLang's tail check; a trailing incomplete character U+FFFD dropped, as SGLang's incremental detokenizer holds
 it back). That token is found by bisection over prefix lengths: a decoded prefix is a prefix of every longer
@@ -41,20 +58,23 @@ Context length: a prompt of max_position_embeddings tokens or more is a ValueErr
 min(max_new_tokens, max_position_embeddings - prompt length), so prompt + response never exceed the model's
 positions (SGLang clips max_new_tokens to the context length the same way, and reports "length").
 
-Compilation: shapes are bucketed, so recompilation is rare: rows to the next power of two (at most
-`max_batch_size`; more rows run in chunks), prompt width and max_new_tokens each to the next power of two
-(at least 16), the stop-id list to a multiple of 8. Temperature, top-p, top-k, the penalties, the stop ids and
-the seed are runtime values; the sampling mode (greedy, plain, filtered) and whether there are penalties are
-static. `update_weights` swaps the parameters in
-memory: same shapes, no recompilation. Calls are serialised by a lock (one generation at a time; a weight update
-waits for the running generation), and `agenerate` runs `generate` in a worker thread.
+Compilation: shapes are bucketed, so recompilation is rare: the slots to the next power of two of the rows (at
+most `decode_slots`), the prefill's G prompts likewise, prompt width P and max_new_tokens N each to the next power
+of two (at least 16; the slots' cache holds P + N positions), the stop-id list to a multiple of 8, the chunk
+length a constant. Which slots a refill fills is a runtime mask, so an insert never recompiles. Temperature,
+top-p, top-k, the penalties, the stop ids and the seeds are runtime values; the sampling mode (greedy, plain,
+filtered) and whether there are penalties are static. `update_weights` swaps the parameters in memory: same
+shapes, no recompilation. Calls are serialised by a lock (one generation at a time; a weight update waits for
+the running generation), and `agenerate` runs `generate` in a worker thread. `stream_groups` yields each
+prompt's group as its last row finishes (the hook for judging a group while later groups sample).
 """
 
 import asyncio
+import collections
 import dataclasses
 import functools
 import threading
-from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, AsyncIterator, Mapping, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -62,7 +82,8 @@ import numpy as np
 from flax import nnx
 
 from rubric_jax.inference.engine import Prompt, RolloutEngine, Sample, SamplingParams, prompt_token_ids, sample_seeds
-from rubric_jax.models.decoder import Decoder, init_cache
+from rubric_jax.models.config import ModelConfig
+from rubric_jax.models.decoder import Decoder, KVCache, init_cache
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -70,6 +91,10 @@ if TYPE_CHECKING:
 MIN_BUCKET = 16
 STOP_IDS_BUCKET = 8
 SAMPLING_BLOCK = 128
+# Decode steps per jitted call: the host refills finished slots between calls, so a finished row idles at most
+# CHUNK_STEPS - 1 steps, against one host round trip per CHUNK_STEPS steps.
+CHUNK_STEPS = 16
+MAX_AUTO_SLOTS = 256
 GREEDY, SAMPLE, FILTERED = "greedy", "sample", "filtered"
 # What a byte-level tokenizer decodes an incomplete UTF-8 sequence to; at the end of a decoded prefix it is the
 # start of a character still being generated.
@@ -166,7 +191,8 @@ def _count(counts_bv: Optional[jax.Array], token_b: jax.Array, live_b: jax.Array
 
 
 def sample_tokens(logits_bv, keys_b, step, temperature, top_k, top_p, mode: str) -> tuple[jax.Array, jax.Array]:
-    """(token_b int32, logprob_b float32) for one decode step; see the module docstring (3. and 4.)."""
+    """(token_b int32, logprob_b float32) for one decode step; see the module docstring (5. and 6.). `step` is the
+    sampling step of every row (a scalar) or of each row (int32 [B])."""
     if mode != GREEDY:
         logits_bv = logits_bv / temperature
     shifted_bv = logits_bv - jnp.max(logits_bv, axis=-1, keepdims=True)
@@ -176,29 +202,35 @@ def sample_tokens(logits_bv, keys_b, step, temperature, top_k, top_p, mode: str)
         token_b = jnp.min(jnp.where(shifted_bv == 0, jnp.arange(logits_bv.shape[-1]), logits_bv.shape[-1]), axis=-1)
     else:
         weights_bv = exp_bv if mode == SAMPLE else jnp.where(filter_top_k_top_p(logits_bv, top_k, top_p), exp_bv, 0)
-        step_keys_b = jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys_b, step)
+        step_keys_b = jax.vmap(jax.random.fold_in)(keys_b, jnp.broadcast_to(step, keys_b.shape))
         token_b = inverse_cdf_sample(weights_bv, jax.vmap(jax.random.uniform)(step_keys_b))
     # log_softmax of the (tempered, unfiltered) logits at the token.
     logp_b = jnp.take_along_axis(shifted_bv, token_b[:, None], axis=-1)[:, 0] - jnp.log(jnp.sum(exp_bv, axis=-1))
     return token_b.astype(jnp.int32), logp_b
 
 
+def _prefill(model: Decoder, tokens_bp, mask_bp, max_len: int) -> tuple[KVCache, jax.Array, jax.Array]:
+    """(cache of `max_len` slots holding the left-padded prompts in slots [0, P), the last position's logits
+    [B, V], prompt lengths [B]); positions count each row's real tokens."""
+    positions_bp = jnp.maximum(jnp.cumsum(mask_bp, axis=-1) - 1, 0).astype(jnp.int32)
+    cache = init_cache(model.config, tokens_bp.shape[0], max_len, model.dtype)
+    hidden_bpd, cache = model(tokens_bp, positions_bp, mask_bp, cache)
+    return cache, model.logits(hidden_bpd[:, -1]), jnp.sum(mask_bp, axis=-1).astype(jnp.int32)
+
+
 @functools.partial(jax.jit, static_argnames=("graphdef", "max_steps", "mode"))
-def _generate(graphdef, state, tokens_bp, mask_bp, budget_b, seed_b, stop_ids_s, temperature, top_k, top_p,
-              penalties, *, max_steps: int, mode: str, pad_id: int = 0):
-    """(output_ids_bn, logprobs_bn, length_b) for N = max_steps columns; see the module docstring (1.-4.).
+def static_generate(graphdef, state, tokens_bp, mask_bp, budget_b, seed_b, stop_ids_s, temperature, top_k, top_p,
+                    penalties, *, max_steps: int, mode: str, pad_id: int = 0):
+    """The static-batch reference of the continuous engine (`StaticEngine`): (output_ids_bn, logprobs_bn,
+    length_b) for N = max_steps columns, every row prefilled together and decoded under one `lax.while_loop`
+    until the last row is done (done rows feed masked padding).
 
     budget_b: tokens each row may generate (0 for a padding row: it starts done); seed_b: each row's sample seed
-    (uint32); stop_ids_s: stop token ids,
-    padded with -1; penalties: (presence, frequency, repetition), or None for a call without penalties (then no
-    token counts are kept)."""
+    (uint32); stop_ids_s: stop token ids, padded with -1; penalties: (presence, frequency, repetition), or None for
+    a call without penalties (then no token counts are kept)."""
     model = nnx.merge(graphdef, state)
     batch, width = tokens_bp.shape
-    prompt_len_b = jnp.sum(mask_bp, axis=-1).astype(jnp.int32)
-    positions_bp = jnp.maximum(jnp.cumsum(mask_bp, axis=-1) - 1, 0).astype(jnp.int32)
-    cache = init_cache(model.config, batch, width + max_steps, model.dtype)
-    hidden_bpd, cache = model(tokens_bp, positions_bp, mask_bp, cache)
-    logits_bv = model.logits(hidden_bpd[:, -1])
+    cache, logits_bv, prompt_len_b = _prefill(model, tokens_bp, mask_bp, width + max_steps)
     keys_b = jax.vmap(jax.random.key)(seed_b)
 
     def record(step, logits_bv, done_b, output_ids_bn, logprobs_bn, counts_bv):
@@ -239,8 +271,137 @@ def _generate(graphdef, state, tokens_bp, mask_bp, budget_b, seed_b, stop_ids_s,
     return output_ids_bn, logprobs_bn, length_b
 
 
+@functools.partial(jax.tree_util.register_dataclass,
+                   data_fields=["cache", "token_b", "step_b", "live_b", "prompt_len_b", "budget_b", "seed_b",
+                                "counts_bv", "output_ids_bn", "logprobs_bn"], meta_fields=[])
+@dataclasses.dataclass(frozen=True)
+class Slots:
+    """The device state of B decode slots, carried from one jitted call to the next (and donated to it).
+
+    cache:         the slots' KV cache, one write position per slot (`KVCache.end` [B]): a slot's prompt in
+                   slots [0, P) of its row, left-padded, its response tokens from P on.
+    token_b:       the token recorded last, fed at the next step; step_b: the tokens recorded so far (the next
+                   sampling step, and the length of the response); live_b: the slot holds a row still generating
+                   (False: finished, or never filled).
+    prompt_len_b, budget_b, seed_b: the slot's row's real prompt tokens, token budget and sample seed.
+    counts_bv:     each slot's count of every generated token (int32 [B, V]); None in a call without penalties.
+    output_ids_bn, logprobs_bn: the slot's row's response so far, N = max_steps columns.
+    """
+
+    cache: KVCache
+    token_b: jax.Array
+    step_b: jax.Array
+    live_b: jax.Array
+    prompt_len_b: jax.Array
+    budget_b: jax.Array
+    seed_b: jax.Array
+    counts_bv: Optional[jax.Array]
+    output_ids_bn: jax.Array
+    logprobs_bn: jax.Array
+
+
+def _empty_slots(config: ModelConfig, num_slots: int, max_len: int, max_steps: int, dtype, penalized: bool,
+                 pad_id: int) -> Slots:
+    """B never-filled slots (each array its own buffer, as donation needs)."""
+    zeros_b = functools.partial(jnp.zeros, num_slots, jnp.int32)
+    return Slots(
+        cache=init_cache(config, num_slots, max_len, dtype, per_row_end=True), token_b=zeros_b(), step_b=zeros_b(),
+        live_b=jnp.zeros(num_slots, bool), prompt_len_b=zeros_b(), budget_b=zeros_b(),
+        seed_b=jnp.zeros(num_slots, jnp.uint32),
+        counts_bv=jnp.zeros((num_slots, config.vocab_size), jnp.int32) if penalized else None,
+        output_ids_bn=jnp.full((num_slots, max_steps), pad_id, jnp.int32),
+        logprobs_bn=jnp.zeros((num_slots, max_steps), jnp.float32),
+    )
+
+
+def _record(slots: Slots, logits_bv, write_b, stop_ids_s, temperature, top_k, top_p, penalties, mode: str) -> Slots:
+    """The slots after sampling one token for each slot in `write_b` from its logits (the static reference's
+    `record`, at each slot's own step): the token and its logprob written at column step_b, counted, and the
+    slot done after a stop token or at its budget. Other slots are unchanged."""
+    logits_bv = _penalize(logits_bv, slots.counts_bv, penalties)
+    keys_b = jax.vmap(jax.random.key)(slots.seed_b)
+    token_b, logp_b = sample_tokens(logits_bv, keys_b, slots.step_b, temperature, top_k, top_p, mode)
+    rows_b = jnp.arange(token_b.shape[0])
+    # An out-of-range column drops the write of a slot not written.
+    column_b = jnp.where(write_b, slots.step_b, slots.output_ids_bn.shape[1])
+    stopped_b = jnp.any(token_b[:, None] == stop_ids_s[None, :], axis=-1)
+    step_b = slots.step_b + write_b
+    return dataclasses.replace(
+        slots,
+        token_b=jnp.where(write_b, token_b, slots.token_b),
+        step_b=step_b,
+        live_b=jnp.where(write_b, ~stopped_b & (step_b < slots.budget_b), slots.live_b),
+        counts_bv=_count(slots.counts_bv, token_b, write_b),
+        output_ids_bn=slots.output_ids_bn.at[rows_b, column_b].set(token_b, mode="drop"),
+        logprobs_bn=slots.logprobs_bn.at[rows_b, column_b].set(logp_b, mode="drop"),
+    )
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef",))
+def _prefill_prompts(graphdef, state, tokens_gp, mask_gp) -> tuple[KVCache, jax.Array, jax.Array]:
+    """The shared prefill: G distinct prompts, once each (`_prefill` with a cache of exactly P slots)."""
+    return _prefill(nnx.merge(graphdef, state), tokens_gp, mask_gp, tokens_gp.shape[1])
+
+
+@functools.partial(jax.jit, static_argnames=("mode",), donate_argnames=("slots",))
+def _insert(slots: Slots, prefill_cache: KVCache, logits_gv, prompt_len_g, insert_b, source_b, seed_b, budget_b,
+            stop_ids_s, temperature, top_k, top_p, penalties, *, mode: str) -> Slots:
+    """The slots with slot b (where insert_b) refilled by a new row of prompt source_b of a shared prefill
+    (G prompts of P slots): the prompt's keys and values copied into its slots [0, P), the rest of its row
+    invalidated, its write position set to P, its counts and response cleared, and its first token sampled from
+    the prompt's last logits (step 0 of its seed's stream). Shapes are the call's, whichever slots are refilled."""
+    width = prefill_cache.max_len
+
+    def refill(buffer_bnsk, prefill_gnpk):
+        head_bnpk = jnp.where(insert_b[:, None, None, None], prefill_gnpk[source_b], buffer_bnsk[:, :, :width])
+        return buffer_bnsk.at[:, :, :width].set(head_bnpk)
+
+    valid_bs = jnp.zeros_like(slots.cache.valid_bs).at[:, :width].set(prefill_cache.valid_bs[source_b])
+    cache = KVCache(
+        k_bnsk=tuple(map(refill, slots.cache.k_bnsk, prefill_cache.k_bnsk)),
+        v_bnsk=tuple(map(refill, slots.cache.v_bnsk, prefill_cache.v_bnsk)),
+        valid_bs=jnp.where(insert_b[:, None], valid_bs, slots.cache.valid_bs),
+        end=jnp.where(insert_b, width, slots.cache.end),
+    )
+    counts_bv = slots.counts_bv
+    if counts_bv is not None:
+        counts_bv = jnp.where(insert_b[:, None], 0, counts_bv)
+    slots = dataclasses.replace(
+        slots, cache=cache, counts_bv=counts_bv,
+        step_b=jnp.where(insert_b, 0, slots.step_b),
+        prompt_len_b=jnp.where(insert_b, prompt_len_g[source_b], slots.prompt_len_b),
+        budget_b=jnp.where(insert_b, budget_b, slots.budget_b),
+        seed_b=jnp.where(insert_b, seed_b, slots.seed_b),
+    )
+    return _record(slots, logits_gv[source_b], insert_b, stop_ids_s, temperature, top_k, top_p, penalties, mode)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "num_steps", "mode"), donate_argnames=("slots",))
+def _decode_chunk(graphdef, state, slots: Slots, stop_ids_s, temperature, top_k, top_p, penalties, *,
+                  num_steps: int, mode: str) -> Slots:
+    """Up to `num_steps` decode steps of every live slot: feed its last token, sample the next (`_record`).
+    Stops early once no slot is live. A finished slot feeds masked tokens, which its next refill overwrites."""
+    model = nnx.merge(graphdef, state)
+
+    def cond(carry):
+        step, slots = carry
+        return (step < num_steps) & jnp.any(slots.live_b)
+
+    def body(carry):
+        step, slots = carry
+        # The token recorded at step - 1 sits at position prompt_len + step - 1, in cache slot P + step - 1.
+        positions_b1 = (slots.prompt_len_b + slots.step_b - 1)[:, None]
+        hidden_b1d, cache = model(slots.token_b[:, None], positions_b1, slots.live_b[:, None], slots.cache)
+        slots = dataclasses.replace(slots, cache=cache)
+        logits_bv = model.logits(hidden_b1d[:, 0])
+        return step + 1, _record(slots, logits_bv, slots.live_b, stop_ids_s, temperature, top_k, top_p, penalties,
+                                 mode)
+
+    return jax.lax.while_loop(cond, body, (jnp.int32(0), slots))[1]
+
+
 class EmbeddedEngine(RolloutEngine):
-    """A `RolloutEngine` sampling from a `Decoder` in this process (module docstring).
+    """A `RolloutEngine` sampling from a `Decoder` in this process, by continuous batching (module docstring).
 
     tokenizer:     renders chat-message prompts (`engine.prompt_token_ids`), with `chat_template_kwargs` as the
                    template's variables (e.g. {"enable_thinking": False}); None = token ids only.
@@ -248,7 +409,9 @@ class EmbeddedEngine(RolloutEngine):
     pad_id:        the id written into padding (must be a valid id: see the Decoder's conventions).
     seed:          with `SamplingParams.seed` None, call i uses a seed derived from (seed, i): an engine's
                    sequence of calls is reproducible. A call with a seed is reproducible on its own.
-    max_batch_size: the most rows (prompts x n) run at once; None = all rows of a call.
+    decode_slots:  the most rows (prompts x n) decoded at once, i.e. the KV cache's rows. A call uses
+                   min(decode_slots, its rows rounded up to a power of two) slots; None = its rows rounded up to a
+                   power of two, at most MAX_AUTO_SLOTS (256).
     """
 
     def __init__(
@@ -261,7 +424,7 @@ class EmbeddedEngine(RolloutEngine):
         pad_id: int = 0,
         seed: int = 0,
         weight_version: str = "0",
-        max_batch_size: Optional[int] = None,
+        decode_slots: Optional[int] = None,
     ):
         self._config = model.config
         vocab = self._config.vocab_size
@@ -270,15 +433,16 @@ class EmbeddedEngine(RolloutEngine):
             raise ValueError(f"eos_token_ids must lie in [0, {vocab}), got {self.eos_token_ids}")
         if not 0 <= pad_id < vocab:
             raise ValueError(f"pad_id must lie in [0, {vocab}), got {pad_id}")
-        if max_batch_size is not None and max_batch_size < 1:
-            raise ValueError(f"max_batch_size must be None or >= 1, got {max_batch_size}")
+        if decode_slots is not None and decode_slots < 1:
+            raise ValueError(f"decode_slots must be None or >= 1, got {decode_slots}")
         self.tokenizer = tokenizer
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.pad_id = pad_id
         self.seed = seed
-        self.max_batch_size = max_batch_size
+        self.decode_slots = decode_slots
         self.weight_version = weight_version
         self._graphdef, self._state = nnx.split(model)
+        self._dtype = model.dtype
         self._num_calls = 0
         self._lock = threading.Lock()
 
@@ -290,20 +454,46 @@ class EmbeddedEngine(RolloutEngine):
             )
         graphdef, state = nnx.split(model)
         with self._lock:
-            self._graphdef, self._state = graphdef, state
+            self._graphdef, self._state, self._dtype = graphdef, state, model.dtype
             self.weight_version = version
 
     async def agenerate(self, prompts: Sequence[Prompt], params: SamplingParams) -> list[Sample]:
         return await asyncio.to_thread(self.generate, prompts, params)
 
     def generate(self, prompts: Sequence[Prompt], params: SamplingParams) -> list[Sample]:
-        prompt_ids = [self._prompt_ids(i, prompt) for i, prompt in enumerate(prompts)]
-        with self._lock:
-            seed = params.seed if params.seed is not None else self._call_seed()
-        seeds = iter(sample_seeds(seed, len(prompts) * params.n))
-        rows = [(ids, next(seeds)) for ids in prompt_ids for _ in range(params.n)]
-        samples = self._generate_rows(rows, params)
+        samples = self._generate_rows(self._call_rows(prompts, params), params)
         return [dataclasses.replace(sample, prompt_index=row // params.n) for row, sample in enumerate(samples)]
+
+    async def stream_groups(self, prompts: Sequence[Prompt],
+                            params: SamplingParams) -> AsyncIterator[tuple[int, list[Sample]]]:
+        """(prompt index, its n samples) for each prompt, as its group finishes (when its last row does), in
+        completion order; the samples are `generate`'s. Generation runs in a worker thread, under the engine lock
+        until every group is done, even if the iteration stops early."""
+        rows = self._call_rows(prompts, params)
+        self._check_call(params)
+        loop = asyncio.get_running_loop()
+        finished: asyncio.Queue = asyncio.Queue()
+
+        def produce():
+            try:
+                for item in self._finished_samples(rows, params):
+                    loop.call_soon_threadsafe(finished.put_nowait, item)
+            except BaseException as error:  # handed to the consumer, which raises it
+                loop.call_soon_threadsafe(finished.put_nowait, error)
+            else:
+                loop.call_soon_threadsafe(finished.put_nowait, None)
+
+        producer = asyncio.ensure_future(asyncio.to_thread(produce))
+        groups: dict[int, dict[int, Sample]] = {}
+        while (item := await finished.get()) is not None:
+            if isinstance(item, BaseException):
+                raise item
+            row, sample = item
+            group = groups.setdefault(row // params.n, {})
+            group[row] = dataclasses.replace(sample, prompt_index=row // params.n)
+            if len(group) == params.n:
+                yield row // params.n, [group[r] for r in sorted(group)]
+        await producer
 
     def generate_rows(self, rows: Sequence[tuple[Prompt, int]], params: SamplingParams) -> list[Sample]:
         """One sample per (prompt, sample seed) row, in row order (`prompt_index` the row's index); `params`' n and
@@ -312,20 +502,31 @@ class EmbeddedEngine(RolloutEngine):
         return self._generate_rows([(self._prompt_ids(r, prompt), seed) for r, (prompt, seed) in enumerate(rows)],
                                    params)
 
-    def _generate_rows(self, rows: Sequence[tuple[list[int], int]], params: SamplingParams) -> list[Sample]:
+    def _call_rows(self, prompts: Sequence[Prompt], params: SamplingParams) -> list[tuple[list[int], int]]:
+        """The (prompt ids, sample seed) rows of a call: each prompt n times, prompt-major."""
+        prompt_ids = [self._prompt_ids(i, prompt) for i, prompt in enumerate(prompts)]
+        with self._lock:
+            seed = params.seed if params.seed is not None else self._call_seed()
+        seeds = iter(sample_seeds(seed, len(prompts) * params.n))
+        return [(ids, next(seeds)) for ids in prompt_ids for _ in range(params.n)]
+
+    def _check_call(self, params: SamplingParams) -> None:
         if params.stop and self.tokenizer is None:
             raise ValueError("stop strings need an engine built with a tokenizer")
         vocab = self._config.vocab_size
         if any(not 0 <= i < vocab for i in params.stop_token_ids):
             raise ValueError(f"stop_token_ids must lie in [0, {vocab}), got {params.stop_token_ids}")
+
+    def _generate_rows(self, rows: Sequence[tuple[list[int], int]], params: SamplingParams) -> list[Sample]:
+        self._check_call(params)
+        return [sample for _, sample in sorted(self._finished_samples(rows, params), key=lambda item: item[0])]
+
+    def _finished_samples(self, rows: Sequence[tuple[list[int], int]], params: SamplingParams):
+        """Yields (row index, Sample) as each row finishes, holding the engine lock until the last."""
         with self._lock:
-            chunk = self.max_batch_size or max(len(rows), 1)
-            results = []
-            for start in range(0, len(rows), chunk):
-                results += self._run_rows(rows[start:start + chunk], params)
             version = self.weight_version
-        return [self._sample(r, ids, out, logps, params, version)
-                for r, ((ids, _), (out, logps)) in enumerate(zip(rows, results))]
+            for row, output_ids, logprobs in self._decode(rows, params):
+                yield row, self._sample(row, rows[row][0], output_ids, logprobs, params, version)
 
     def _prompt_ids(self, index: int, prompt: Prompt) -> list[int]:
         ids = prompt_token_ids(prompt, self.tokenizer, self.chat_template_kwargs)
@@ -343,40 +544,86 @@ class EmbeddedEngine(RolloutEngine):
         self._num_calls += 1
         return int(np.random.SeedSequence((self.seed, self._num_calls)).generate_state(1)[0])
 
-    def _run_rows(self, rows, params: SamplingParams):
-        """Runs one chunk of (prompt ids, sample seed) rows; returns (output ids, logprobs) per row, the ids ending
-        at the device's stop (a stop token or the budget)."""
-        num_rows = len(rows)
-        batch = bucket(num_rows, 1)
-        if self.max_batch_size is not None:
-            batch = min(batch, self.max_batch_size)
-        width = bucket(max(len(ids) for ids, _ in rows))
-        tokens_bp = np.full((batch, width), self.pad_id, np.int32)
-        mask_bp = np.zeros((batch, width), bool)
-        budget_b = np.zeros(batch, np.int32)
-        seed_b = np.zeros(batch, np.uint32)
-        for b, (ids, seed) in enumerate(rows):
-            tokens_bp[b, width - len(ids):] = ids
-            mask_bp[b, width - len(ids):] = True
-            budget_b[b] = min(params.max_new_tokens, self._config.max_position_embeddings - len(ids))
-            seed_b[b] = seed
+    def _budget(self, prompt_ids, params: SamplingParams) -> int:
+        return min(params.max_new_tokens, self._config.max_position_embeddings - len(prompt_ids))
+
+    def _sampling_args(self, params: SamplingParams) -> tuple:
+        """(stop_ids_s, temperature, top_k, top_p, penalties): the call's runtime sampling values."""
         stop_ids = self.eos_token_ids + params.stop_token_ids
         stop_ids_s = np.full(-(-max(len(stop_ids), 1) // STOP_IDS_BUCKET) * STOP_IDS_BUCKET, -1, np.int32)
         stop_ids_s[:len(stop_ids)] = stop_ids
-        output_ids_bn, logprobs_bn, length_b = _generate(
-            self._graphdef, self._state, tokens_bp, mask_bp, budget_b, seed_b, stop_ids_s,
-            np.float32(params.temperature), np.int32(params.top_k), np.float32(params.top_p), _penalties(params),
-            max_steps=bucket(params.max_new_tokens), mode=_sampling_mode(params), pad_id=self.pad_id,
-        )
-        output_ids_bn, logprobs_bn, length_b = jax.device_get((output_ids_bn, logprobs_bn, length_b))
-        return [(output_ids_bn[b, :length_b[b]].tolist(), logprobs_bn[b, :length_b[b]].tolist())
-                for b in range(num_rows)]
+        return (stop_ids_s, np.float32(params.temperature), np.int32(params.top_k), np.float32(params.top_p),
+                _penalties(params))
+
+    def _left_padded(self, prompts: Sequence[Sequence[int]], batch: int, width: int) -> tuple[np.ndarray, np.ndarray]:
+        """(tokens [batch, width], mask [batch, width]): the prompts left-padded, then all-padding rows."""
+        tokens_bp = np.full((batch, width), self.pad_id, np.int32)
+        mask_bp = np.zeros((batch, width), bool)
+        for b, ids in enumerate(prompts):
+            tokens_bp[b, width - len(ids):] = ids
+            mask_bp[b, width - len(ids):] = True
+        return tokens_bp, mask_bp
+
+    def _decode(self, rows: Sequence[tuple[list[int], int]], params: SamplingParams):
+        """Yields (row index, output ids, logprobs) of each row as it finishes, the ids ending at the device's stop
+        (a stop token or the budget): continuous batching over the call's slots (module docstring)."""
+        if not rows:
+            return
+        unique_prompts: dict[tuple[int, ...], int] = {}
+        prompt_of_row = [unique_prompts.setdefault(tuple(ids), len(unique_prompts)) for ids, _ in rows]
+        prompts = list(unique_prompts)
+        rows_left = collections.Counter(prompt_of_row)  # per prompt, its rows not yet in a slot
+        num_slots = min(bucket(len(rows), 1), self.decode_slots or MAX_AUTO_SLOTS)
+        rows_per_prompt = -(-len(rows) // len(prompts))
+        prefill_batch = min(bucket(-(-num_slots // rows_per_prompt), 1), bucket(len(prompts), 1))
+        width, max_steps = bucket(max(len(ids) for ids, _ in rows)), bucket(params.max_new_tokens)
+        sampling, mode = self._sampling_args(params), _sampling_mode(params)
+        slots = _empty_slots(self._config, num_slots, width + max_steps, max_steps, self._dtype,
+                             params.penalized, self.pad_id)
+        prefilled: dict[int, tuple[tuple, int]] = {}  # prompt -> (its shared prefill, its index there)
+        waiting = collections.deque(range(len(rows)))
+        row_of_slot: list[Optional[int]] = [None] * num_slots
+        while True:
+            free = [b for b, row in enumerate(row_of_slot) if row is None]
+            inserts: dict[int, tuple] = {}  # id(prefill) -> (prefill, insert_b, source_b, seed_b, budget_b)
+            for b in free[:len(waiting)]:
+                row = waiting.popleft()
+                prompt = prompt_of_row[row]
+                if prompt not in prefilled:
+                    # Rows are taken in order, so this is the first prompt not prefilled yet.
+                    batch = prompts[prompt:prompt + prefill_batch]
+                    prefill = _prefill_prompts(self._graphdef, self._state,
+                                               *self._left_padded(batch, prefill_batch, width))
+                    prefilled.update((prompt + g, (prefill, g)) for g in range(len(batch)))
+                prefill, source = prefilled[prompt]
+                rows_left[prompt] -= 1
+                if not rows_left[prompt]:
+                    del prefilled[prompt]  # a shared prefill is freed once every row of its prompts is in a slot
+                insert = inserts.setdefault(id(prefill), (prefill, np.zeros(num_slots, bool),
+                                                          np.zeros(num_slots, np.int32),
+                                                          np.zeros(num_slots, np.uint32),
+                                                          np.zeros(num_slots, np.int32)))
+                ids, seed = rows[row]
+                insert[1][b], insert[2][b], insert[3][b], insert[4][b] = True, source, seed, self._budget(ids, params)
+                row_of_slot[b] = row
+            for prefill, *refill in inserts.values():
+                slots = _insert(slots, *prefill, *refill, *sampling, mode=mode)
+            if all(row is None for row in row_of_slot):
+                return
+            slots = _decode_chunk(self._graphdef, self._state, slots, *sampling, num_steps=CHUNK_STEPS, mode=mode)
+            live_b = jax.device_get(slots.live_b)
+            finished = [b for b, row in enumerate(row_of_slot) if row is not None and not live_b[b]]
+            if finished:
+                output_ids_bn, logprobs_bn, step_b = jax.device_get(
+                    (slots.output_ids_bn, slots.logprobs_bn, slots.step_b))
+                for b in finished:
+                    yield row_of_slot[b], output_ids_bn[b, :step_b[b]].tolist(), logprobs_bn[b, :step_b[b]].tolist()
+                    row_of_slot[b] = None
 
     def _sample(self, prompt_index: int, prompt_ids, output_ids, logprobs, params: SamplingParams, version: str):
         """The Sample of one row: finish reason by SGLang's order, host-side stop strings (module docstring)."""
         # The device ends a row at its budget or, before it, on a stop token.
-        budget = min(params.max_new_tokens, self._config.max_position_embeddings - len(prompt_ids))
-        if len(output_ids) >= budget:
+        if len(output_ids) >= self._budget(prompt_ids, params):
             finish_reason, matched = "length", None
         else:
             finish_reason, matched = "stop", output_ids[-1]
@@ -393,6 +640,27 @@ class EmbeddedEngine(RolloutEngine):
                 text = text[:text.find(matched)]
         return Sample(prompt_index=prompt_index, output_ids=tuple(output_ids), logprobs=tuple(logprobs),
                       finish_reason=finish_reason, matched_stop=matched, weight_version=version, text=text)
+
+
+class StaticEngine(EmbeddedEngine):
+    """The static-batch reference of `EmbeddedEngine` (tests and the continuous-batching benchmark): every row of
+    a call prefilled (each prompt n times) and decoded together in one `static_generate`, until its last row is
+    done; `decode_slots` is not read. Its samples are the continuous engine's."""
+
+    def _decode(self, rows: Sequence[tuple[list[int], int]], params: SamplingParams):
+        if not rows:
+            return
+        batch, width = bucket(len(rows), 1), bucket(max(len(ids) for ids, _ in rows))
+        tokens_bp, mask_bp = self._left_padded([ids for ids, _ in rows], batch, width)
+        budget_b, seed_b = np.zeros(batch, np.int32), np.zeros(batch, np.uint32)
+        for b, (ids, seed) in enumerate(rows):
+            budget_b[b], seed_b[b] = self._budget(ids, params), seed
+        output_ids_bn, logprobs_bn, length_b = jax.device_get(static_generate(
+            self._graphdef, self._state, tokens_bp, mask_bp, budget_b, seed_b, *self._sampling_args(params),
+            max_steps=bucket(params.max_new_tokens), mode=_sampling_mode(params), pad_id=self.pad_id,
+        ))
+        for b in range(len(rows)):
+            yield b, output_ids_bn[b, :length_b[b]].tolist(), logprobs_bn[b, :length_b[b]].tolist()
 
 
 def first_stop_string_cut(tokenizer, output_ids: Sequence[int], stop: Sequence[str]) -> Optional[tuple[int, str]]:

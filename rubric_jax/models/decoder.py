@@ -54,13 +54,15 @@ class KVCache:
                     matmuls read, so a decode step copies no cache. Keys are stored after RoPE (at the positions
                     given when they were fed), so a cached key never needs its position again.
     valid_bs:       [B, S_max] bool, True where a slot holds a real token (False: padding or not yet written).
-    end:            int32 scalar, the number of slots written; shared by all rows.
+    end:            int32, the next slot to write: a scalar shared by all rows, or one per row, shape [B]
+                    (`init_cache(..., per_row_end=True)`: each row of a continuous-batching engine is its own
+                    sequence, refilled at its own time).
 
-    A call with T tokens writes them to slots [end, end + T) of every row, so slot order is feed order and
-    causality is slot order: the token in slot end + t attends to the valid slots <= end + t. Rows of different
-    lengths are expressed by the mask alone (left padding in the prompt, or padded steps for finished rows).
-    The caller keeps end + T <= S_max: past that, writes are clamped by `dynamic_update_slice` and overwrite the
-    last slots (this cannot raise under jit).
+    A call with T tokens writes them to slots [end, end + T) of every row (of row b: [end[b], end[b] + T)), so
+    slot order is feed order and causality is slot order: the token in slot end + t attends to the valid slots
+    <= end + t. Rows of different lengths are expressed by the mask alone (left padding in the prompt, or padded
+    steps for finished rows). The caller keeps end + T <= S_max: past that, writes are clamped by
+    `dynamic_update_slice` and overwrite the last slots (this cannot raise under jit).
     """
 
     k_bnsk: tuple[jax.Array, ...]
@@ -74,16 +76,27 @@ class KVCache:
 
 
 def init_cache(
-    config: ModelConfig, batch_size: int, max_len: int, dtype: jax.typing.DTypeLike = jnp.float32
+    config: ModelConfig, batch_size: int, max_len: int, dtype: jax.typing.DTypeLike = jnp.float32, *,
+    per_row_end: bool = False,
 ) -> KVCache:
-    """An empty cache of `max_len` slots per row, keys and values stored in `dtype`."""
+    """An empty cache of `max_len` slots per row, keys and values stored in `dtype`; `per_row_end` gives each row
+    its own write position (`KVCache.end` of shape [B])."""
     shape = (batch_size, config.num_kv_heads, max_len, config.head_dim)
     return KVCache(
         k_bnsk=tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers)),
         v_bnsk=tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers)),
         valid_bs=jnp.zeros((batch_size, max_len), bool),
-        end=jnp.zeros((), jnp.int32),
+        end=jnp.zeros((batch_size,) if per_row_end else (), jnp.int32),
     )
+
+
+def write_slots(buffer: jax.Array, update: jax.Array, end: jax.Array, axis: int) -> jax.Array:
+    """`buffer` with `update` written along its slot axis `axis` from slot `end`: one start for every row (a
+    scalar `end`) or one per row (`end` [B], axis 0 the rows)."""
+    if end.ndim == 0:
+        return jax.lax.dynamic_update_slice_in_dim(buffer, update, end, axis)
+    write_row = functools.partial(jax.lax.dynamic_update_slice_in_dim, axis=axis - 1)
+    return jax.vmap(write_row)(buffer, update, end)
 
 
 def rope_inv_freq(config: ModelConfig) -> np.ndarray:
@@ -212,9 +225,8 @@ class Attention(nnx.Module):
 
         k_bnsk, v_bnsk = jnp.swapaxes(k_btnk, 1, 2), jnp.swapaxes(v_btnk, 1, 2)
         if cache_kv is not None:
-            start = (0, 0, cache_end, 0)
-            k_bnsk = jax.lax.dynamic_update_slice(cache_kv[0], k_bnsk.astype(cache_kv[0].dtype), start)
-            v_bnsk = jax.lax.dynamic_update_slice(cache_kv[1], v_bnsk.astype(cache_kv[1].dtype), start)
+            k_bnsk = write_slots(cache_kv[0], k_bnsk.astype(cache_kv[0].dtype), cache_end, axis=2)
+            v_bnsk = write_slots(cache_kv[1], v_bnsk.astype(cache_kv[1].dtype), cache_end, axis=2)
 
         # Query head h uses key/value head h // g (transformers' repeat_kv), so h splits as (n, g).
         q_btngk = q_bthk.reshape(batch, length, self.num_kv_heads, -1, self.head_dim)
@@ -360,17 +372,18 @@ class Decoder(nnx.Module):
         cos_btk, sin_btk = rope_cos_sin(positions_bt, rope_inv_freq(self.config), self.dtype)
 
         if cache is None:
-            valid_bs, slot_t, end = valid_bt, jnp.arange(length), None
+            valid_bs, slot_bt, end = valid_bt, jnp.arange(length)[None, :], None
         else:
-            valid_bs = jax.lax.dynamic_update_slice(cache.valid_bs, valid_bt, (0, cache.end))
-            slot_t, end = cache.end + jnp.arange(length), cache.end
+            valid_bs = write_slots(cache.valid_bs, valid_bt, cache.end, axis=1)
+            # [1, T] with a shared end, [B, T] with one per row.
+            slot_bt, end = jnp.atleast_1d(cache.end)[:, None] + jnp.arange(length), cache.end
         if cache is None and self._fused_attention(length):
             # A fused kernel reads only each key's validity (the last query's row of the causal mask), so the
             # [B, T, T] mask is never built: a loop over scanned layers would keep it as a constant.
             mask_bts = valid_bt[:, None, :]
         else:
             slot_s = jnp.arange(valid_bs.shape[1])
-            mask_bts = valid_bs[:, None, :] & (slot_s[None, None, :] <= slot_t[None, :, None])
+            mask_bts = valid_bs[:, None, :] & (slot_s[None, None, :] <= slot_bt[:, :, None])
 
         if cache is None and self.scan_layers:
             return self.norm(self._scanned_layers(x_btd, cos_btk, sin_btk, mask_bts)), None

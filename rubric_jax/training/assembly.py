@@ -36,7 +36,7 @@ def make_engine(config: RLConfig, model, tokenizer, version: str) -> RolloutEngi
         return engine
     return EmbeddedEngine(model, tokenizer=tokenizer, chat_template_kwargs=config.model.chat_template_kwargs,
                           eos_token_ids=eos_ids, pad_id=pad_id, seed=config.seed,
-                          weight_version=version, max_batch_size=config.rollout.max_batch_size)
+                          weight_version=version, decode_slots=config.rollout.decode_slots)
 
 
 def make_frozen_engine(config: RLConfig, initial_model, tokenizer) -> RolloutEngine:

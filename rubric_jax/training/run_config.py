@@ -119,6 +119,8 @@ class RolloutConfig:
     metric "prompt/truncated". `frozen_sglang_url`: a second SGLang server for a recipe that samples a role from
     the frozen initial policy (`Algorithm.needs_frozen_engine`); it is sent the initial weights once and never
     updated, so it must not be the policy's server. The embedded engine makes its frozen copy in process.
+    `decode_slots`: the embedded engine's decode slots (rows decoded at once, by continuous batching; None: a
+    call's rows rounded up to a power of two, at most 256; `inference.embedded.EmbeddedEngine`).
 
     `overlap`: sample (and judge) step n + 1's experience in a background thread while the learner updates on
     step n's, from the weights before that update: every batch after the first is one policy version old
@@ -147,7 +149,7 @@ class RolloutConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
-    max_batch_size: Optional[int] = None
+    decode_slots: Optional[int] = None
     overlap: bool = False
     pipelined_judging: bool = True
     max_failure_rate: float = 0.5
@@ -159,6 +161,8 @@ class RolloutConfig:
         _require(self.max_failing_steps >= 1, f"rollout.max_failing_steps must be >= 1, got {self.max_failing_steps}")
         for name in ("prompts_per_step", "group_size", "max_new_tokens"):
             _require(getattr(self, name) >= 1, f"{name} must be >= 1, got {getattr(self, name)}")
+        _require(self.decode_slots is None or self.decode_slots >= 1,
+                 f"decode_slots must be None (chosen per call) or >= 1, got {self.decode_slots}")
         _require(self.max_prompt_tokens is None or self.max_prompt_tokens >= 1,
                  f"max_prompt_tokens must be None (no cap) or >= 1, got {self.max_prompt_tokens}")
         _require((self.engine == "sglang") == (self.sglang_url is not None),

@@ -321,16 +321,15 @@ def test_a_large_presence_penalty_under_greedy_never_repeats_a_token(tiny_qwen3_
 
 
 def test_token_counts_are_allocated_only_with_penalties(qwen3):
-    """The sampler traced without penalties holds no int32 [rows, V] array; with them, it does."""
+    """The decode step traced without penalties holds no int32 [slots, V] array; with them, it does."""
     graphdef, state = nnx.split(qwen3)
     rows, vocab = 4, qwen3.config.vocab_size
-    args = (state, np.zeros((rows, 16), np.int32), np.ones((rows, 16), bool), np.full(rows, 16, np.int32),
-            np.arange(rows, dtype=np.uint32), np.full(8, -1, np.int32), np.float32(1.0), np.int32(-1),
-            np.float32(1.0))
 
     def traced(penalties):
-        generate = functools.partial(embedded._generate, graphdef, max_steps=16, mode=embedded.SAMPLE)
-        return str(jax.make_jaxpr(generate)(*args, penalties))
+        slots = embedded._empty_slots(qwen3.config, rows, 32, 16, qwen3.dtype, penalties is not None, 0)
+        decode = functools.partial(embedded._decode_chunk, graphdef, num_steps=16, mode=embedded.SAMPLE)
+        return str(jax.make_jaxpr(decode)(state, slots, np.full(8, -1, np.int32), np.float32(1.0), np.int32(-1),
+                                          np.float32(1.0), penalties))
 
     counts = f"i32[{rows},{vocab}]"
     assert counts not in traced(None)
@@ -460,7 +459,7 @@ def test_mixed_prompt_lengths_equal_each_prompt_alone(qwen3):
 def test_sampling_is_deterministic_and_independent_of_batching(qwen3):
     params = SamplingParams(max_new_tokens=NUM_NEW, n=2, temperature=1.0, seed=5)
     whole = EmbeddedEngine(qwen3, eos_token_ids=()).generate(PROMPTS[:2], params)
-    chunked = EmbeddedEngine(qwen3, eos_token_ids=(), max_batch_size=2).generate(PROMPTS[:2], params)
+    chunked = EmbeddedEngine(qwen3, eos_token_ids=(), decode_slots=2).generate(PROMPTS[:2], params)
     assert [s.output_ids for s in chunked] == [s.output_ids for s in whole]
     np.testing.assert_allclose([s.logprobs for s in chunked], [s.logprobs for s in whole], **LOGP_TOL)
     unseeded = dataclasses.replace(params, seed=None)
@@ -481,12 +480,13 @@ def test_agenerate_equals_generate(qwen3):
 def test_update_weights_changes_outputs_without_recompiling(qwen3, tiny_qwen3_dir, tiny_qwen3_untied_dir):
     engine = EmbeddedEngine(qwen3, eos_token_ids=())
     before = engine.generate(PROMPTS, greedy())
-    compiled = embedded._generate._cache_size()
+    jitted = (embedded._prefill_prompts, embedded._insert, embedded._decode_chunk)
+    compiled = [f._cache_size() for f in jitted]
     graphdef, state = nnx.split(load_hf_checkpoint(tiny_qwen3_dir))
     perturbed = nnx.merge(graphdef, jax.tree.map(lambda x: x * 0.5, state))
     engine.update_weights(perturbed, "v1")
     after = engine.generate(PROMPTS, greedy())
-    assert embedded._generate._cache_size() == compiled
+    assert [f._cache_size() for f in jitted] == compiled
     assert engine.weight_version == "v1"
     assert {s.weight_version for s in after} == {"v1"} and {s.weight_version for s in before} == {"0"}
     assert [s.output_ids for s in after] != [s.output_ids for s in before]
@@ -539,7 +539,7 @@ def test_bad_calls_raise(qwen3, kwargs, prompts, params, match):
     [
         (dict(eos_token_ids=(320,)), "eos_token_ids"),
         (dict(eos_token_ids=(), pad_id=-1), "pad_id"),
-        (dict(eos_token_ids=(), max_batch_size=0), "max_batch_size"),
+        (dict(eos_token_ids=(), decode_slots=0), "decode_slots"),
     ],
 )
 def test_bad_engines_raise(qwen3, kwargs, match):

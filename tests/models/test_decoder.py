@@ -177,6 +177,33 @@ def test_cached_decoding_matches_full_forward(loaded, padding):
     assert not np.asarray(cache.valid_bs[:, 13:]).any()
 
 
+def test_per_row_ends_write_and_attend_at_each_rows_own_slot(qwen3):
+    """A cache with one write position per row (continuous batching): after the prompt, the rows' ends are moved
+    apart (0, 2 and 4 unwritten slots of gap, as rows refilled at different times would leave), then 3 tokens are
+    fed one at a time. Each row lands at its own slots and matches the full forward."""
+    prompt_bt, _, prompt_mask_bt = padded_batch(1, lengths=[8, 5, 3], width=8, padding="left")
+    continuation_bt = np.random.default_rng(3).integers(0, VOCAB_SIZE, (3, 3))
+    tokens_bt = np.concatenate([prompt_bt, continuation_bt], axis=1)
+    mask_bt = np.concatenate([prompt_mask_bt, np.ones((3, 3), bool)], axis=1)
+    positions_bt = positions_of(mask_bt)
+    full_btv, _ = run(qwen3.decoder, tokens_bt, positions_bt, mask_bt)
+
+    cache = init_cache(qwen3.config, batch_size=3, max_len=20, per_row_end=True)
+    _, cache = run(qwen3.decoder, prompt_bt, positions_bt[:, :8], prompt_mask_bt, cache)
+    np.testing.assert_array_equal(cache.end, [8, 8, 8])
+    gap_b = np.array([0, 2, 4])
+    cache = dataclasses.replace(cache, end=cache.end + gap_b)
+    for t in range(8, 11):
+        step_btv, cache = run(qwen3.decoder, tokens_bt[:, t:t + 1], positions_bt[:, t:t + 1], mask_bt[:, t:t + 1],
+                              cache)
+        np.testing.assert_allclose(step_btv[:, 0], full_btv[:, t], **CACHE_TOL)
+    np.testing.assert_array_equal(cache.end, 11 + gap_b)
+    for b, gap in enumerate(gap_b):
+        expected_s = np.concatenate([prompt_mask_bt[b], np.zeros(gap, bool), np.ones(3, bool),
+                                     np.zeros(9 - gap, bool)])
+        np.testing.assert_array_equal(cache.valid_bs[b], expected_s)
+
+
 # ---------------------------------------------------------------- dtypes and remat
 
 

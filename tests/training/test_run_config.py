@@ -123,6 +123,8 @@ def test_resolved_algorithm_params_hold_every_field():
     ("judge.extra_body={chat_template_kwargs: {}}", "judge.extra_body.chat_template_kwargs: the client sets"),
     ("judge.chat_template_kwargs={enable-thinking: false}", "judge.chat_template_kwargs must map template variable"),
     ("meta_verifier.extra_body={messages: []}", "meta_verifier.extra_body.messages: the client sets"),
+    ("rollout.decode_slots=0", "decode_slots must be None"),
+    ("rollout.max_batch_size=8", "unknown config key rollout.max_batch_size"),
     ("algorithm.name=ppo", "config key algorithm.name: unknown algorithm 'ppo'"),
     ("algorithm.params.max_itemz=4", "unknown config key algorithm.params.max_itemz"),
     ("algorithm.params.on_judge_failure=retry", "algorithm.params.on_judge_failure: expected one of"),
