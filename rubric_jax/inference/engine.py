@@ -19,8 +19,8 @@ Conventions (those of SGLang's native `/generate`, REFERENCE.md section 3, so bo
 - Each sample has its own seed (`sample_seeds`), so the samples of one prompt differ whatever the engine does
   with a shared seed, and a call is reproducible from its seed.
 - `stream_groups` gives the same samples a group at a time (a prompt's n samples), as each group finishes, in any
-  order of prompts: the SGLang engine as each prompt's request completes; the embedded engine, whose static batch
-  finishes every group at once, yields them all at the end (the default).
+  order of prompts: the SGLang engine as each prompt's request completes, the embedded engine as a group's last
+  decode slot finishes.
 """
 
 import abc
