@@ -20,7 +20,9 @@ Timing: each side runs once untimed first (it compiles: the same shapes), then `
 JSON object of the figures.
 
     python experiments/benchmarks/continuous_batching_benchmark.py            # the workload above
-    python experiments/benchmarks/continuous_batching_benchmark.py --quick    # 32 rows, 64-token budget (a test)
+    python experiments/benchmarks/continuous_batching_benchmark.py --quick    # 32 rows, 64-token budget
+The rollout pipeline benchmark (rollout_pipeline_benchmark.py) runs this one first and prints its figures with
+its own.
 """
 
 import argparse
@@ -115,7 +117,7 @@ def shared_prefill(model: Decoder, args) -> dict:
     return dict(shared_prefill=ratio)
 
 
-def main() -> None:
+def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prompts", type=int, default=32)
     parser.add_argument("--samples", type=int, default=8)
@@ -125,14 +127,18 @@ def main() -> None:
     parser.add_argument("--prefill-tokens", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--quick", action="store_true", help="4 prompts x 8, budget 64, 8 slots, prefill of 32")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.quick:
         args.prompts, args.budget, args.slots, args.prefill_tokens, args.repeats = 4, 64, 8, 32, 1
+    return args
+
+
+def engine_figures(args: argparse.Namespace) -> dict:
+    """continuous_vs_static and shared_prefill (with what they come from) of the workload `args` sets."""
     print(f"{len(os.sched_getaffinity(0))} CPU threads, jax {jax.__version__}")
     model = Decoder(CONFIG, rngs=nnx.Rngs(0))
-    figures = {**continuous_vs_static(model, args), **shared_prefill(model, args)}
-    print(json.dumps(figures))
+    return {**continuous_vs_static(model, args), **shared_prefill(model, args)}
 
 
 if __name__ == "__main__":
-    main()
+    print(json.dumps(engine_figures(parse_args())))

@@ -1,4 +1,7 @@
-"""Step time of the RL loop with pipelined judging (`rollout.pipelined_judging: true`: each group's judge requests
+"""The rollout pipeline's figures, each a ratio measured in one process: first the embedded engine's
+(`continuous_batching_benchmark.py`: continuous_vs_static, shared_prefill), then the RL step's below.
+
+Step time of the RL loop with pipelined judging (`rollout.pipelined_judging: true`: each group's judge requests
 sent the moment the engine finishes the group, while later groups still sample; `algorithms.base.sample_and_judge`)
 against the serial step (`false`: sample every group, then judge every row), measured in the same process.
 
@@ -49,7 +52,10 @@ import zlib
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+
+import continuous_batching_benchmark  # noqa: E402
 
 from rubric_jax.data.tasks import build_task  # noqa: E402
 from rubric_jax.training import policy  # noqa: E402
@@ -176,6 +182,11 @@ def main() -> None:
     if args.judge_in_flight is None:
         args.judge_in_flight = 5 * args.group_size
 
+    engine = continuous_batching_benchmark.engine_figures(
+        continuous_batching_benchmark.parse_args(["--quick"] if args.quick else []))
+    print(f"continuous_vs_static (response tokens / s) {engine['continuous_vs_static']:.2f} (goal >= 2); "
+          f"shared_prefill (prefill time, per sample / shared) {engine['shared_prefill']:.2f} (goal >= 4)")
+
     task = build_task("arithmetic", {}, 0)
     tokenizer = task.tokenizer()
     eos_ids, _ = policy.eos_and_pad(tokenizer)
@@ -189,6 +200,7 @@ def main() -> None:
 
     serial, pipelined = results["serial"], results["pipelined"]
     figures = {
+        **engine,
         "pipelined_vs_serial": pipelined["step"] / serial["step"],
         "judge_tail": pipelined["judging"] / serial["judging"],
         "pipelined_step_s": pipelined["step"], "serial_step_s": serial["step"],
@@ -212,7 +224,8 @@ def main() -> None:
           f"judge_tail (time/judging) {figures['judge_tail']:.3f} (goal <= 0.2)")
     print("(pipelined: generation times the stream, the judging it overlaps included; judging is the wait after "
           "the last group; overlapped: the share of judge calls sent while a /generate was in flight)")
-    print(json.dumps({key: round(value, 4) for key, value in figures.items()}))
+    print(json.dumps({key: round(value, 4) if isinstance(value, float) else value
+                      for key, value in figures.items()}))
 
 
 if __name__ == "__main__":
