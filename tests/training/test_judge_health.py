@@ -158,15 +158,17 @@ def test_bad_judge_health_settings_are_refused(fields, message):
 
 
 class ScriptedFailures(Judge):
-    """The toy task's judge, except that every row of the calls numbered in `failing_calls` (from 0) fails."""
+    """The toy task's judge, except that every row of the steps numbered in `failing_steps` (from 0) fails. The
+    judge is called once per group (pipelined judging): `calls_per_step` calls a step (tiny_rl_config's 2
+    prompts)."""
 
-    def __init__(self, failing_calls: set[int]):
+    def __init__(self, failing_steps: set[int], calls_per_step: int = 2):
         self.inner = toy_task().judge()
-        self.failing_calls, self.calls = failing_calls, 0
+        self.failing_steps, self.calls_per_step, self.calls = failing_steps, calls_per_step, 0
 
     def judge(self, requests, max_items):
         call, self.calls = self.calls, self.calls + 1
-        if call not in self.failing_calls:
+        if call // self.calls_per_step not in self.failing_steps:
             return self.inner.judge(requests, max_items)
         rows = len(requests)
         return Verdicts(np.zeros((rows, max_items), np.float32), np.full((rows, max_items), -1, np.int32),

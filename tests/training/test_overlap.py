@@ -2,6 +2,7 @@
 while the learner makes update n; the run is reproducible and a run interrupted after a checkpoint resumes, from
 the experience it had sampled ahead, to exactly what the uninterrupted run produced."""
 
+import asyncio
 import contextvars
 import subprocess
 import sys
@@ -30,9 +31,10 @@ OVERLAP = RolloutConfig(prompts_per_step=2, group_size=4, max_new_tokens=16, ove
 def test_the_next_batch_is_sampled_from_the_weights_one_update_old_while_the_learner_updates(tmp_path,
                                                                                                monkeypatch):
     generations, in_update = [], threading.Event()
-    generate, update, sample = EmbeddedEngine.generate, learner_module.update_policy, rl._Run.sample
+    stream, update, sample = EmbeddedEngine.stream_groups, learner_module.update_policy, rl._Run.sample
     # Whether the experience being sampled is sampled ahead, in the run's "rollouts" thread: a context variable,
-    # because the engine generates in a worker thread of its own (its stream of groups), which copies the context.
+    # because the engine generates in a worker thread of its own (its stream of groups), which copies the context;
+    # the step's groups come from the engine's stream (`EmbeddedEngine.stream_groups`).
     sampling_ahead = contextvars.ContextVar("sampling_ahead", default=False)
 
     def flagged_sample(self, *args):
@@ -42,11 +44,13 @@ def test_the_next_batch_is_sampled_from_the_weights_one_update_old_while_the_lea
         finally:
             sampling_ahead.reset(token)
 
-    def recording_generate(self, prompts, params):
+    async def recording_stream(self, prompts, params):
         background = sampling_ahead.get()
         # A background generation goes on only once the learner is inside an update (set below): they overlap.
-        generations.append((self.weight_version, background, background and in_update.wait(timeout=120)))
-        return generate(self, prompts, params)
+        waited = background and await asyncio.to_thread(in_update.wait, 120)
+        generations.append((self.weight_version, background, waited))
+        async for group in stream(self, prompts, params):
+            yield group
 
     def flagged_update(*args):
         in_update.set()
@@ -55,7 +59,7 @@ def test_the_next_batch_is_sampled_from_the_weights_one_update_old_while_the_lea
         finally:
             in_update.clear()
 
-    monkeypatch.setattr(EmbeddedEngine, "generate", recording_generate)
+    monkeypatch.setattr(EmbeddedEngine, "stream_groups", recording_stream)
     monkeypatch.setattr(learner_module, "update_policy", flagged_update)
     monkeypatch.setattr(rl._Run, "sample", flagged_sample)
     rl.train_rl(tiny_rl_config(tmp_path, steps=3, rollout=OVERLAP), toy_task())
