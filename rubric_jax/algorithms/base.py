@@ -691,19 +691,17 @@ def sample_and_follow(prompts: Sequence[Any], context: RolloutContext, step: int
     follow-up that reads nothing but its group, and draws its randomness from its group's index, gives the same
     result either way. A failure in the stream or in a follow-up cancels the follow-ups still running and
     raises."""
-    call = sampling_call(prompts, context, step, stream, gen_batch)
-    if context.pipelined_judging:
-        groups, results = run_coroutine(_followed_stream(call, context, follow))
-        samples = [s for p in range(len(call.prompts)) for s in groups[p][0]]
-        texts = [t for p in range(len(call.prompts)) for t in groups[p][1]]
-    else:
-        with context.timer.phase("generation"):
-            samples = context.engine.generate(call.prompts, call.params)
-        texts = [response_text(context.tokenizer, s.output_ids) for s in samples]
-        n = call.params.n
+    if not context.pipelined_judging:
+        rollouts, n = sample_groups(prompts, context, step, stream=stream, gen_batch=gen_batch), context.sampling.n
         with context.timer.phase("judging"):
             results = run_coroutine(_gathered(
-                follow(p, samples[p * n:(p + 1) * n], texts[p * n:(p + 1) * n]) for p in range(len(call.prompts))))
+                follow(p, rollouts.samples[p * n:(p + 1) * n], rollouts.texts[p * n:(p + 1) * n])
+                for p in range(len(rollouts.samples) // n)))
+        return rollouts, results
+    call = sampling_call(prompts, context, step, stream, gen_batch)
+    groups, results = run_coroutine(_followed_stream(call, context, follow))
+    samples = [s for p in range(len(call.prompts)) for s in groups[p][0]]
+    texts = [t for p in range(len(call.prompts)) for t in groups[p][1]]
     return packed_rollouts(call, samples, texts, context), results
 
 
