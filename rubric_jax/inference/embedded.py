@@ -19,7 +19,9 @@ decode slots B (`decode_slots`; by default the call's rows rounded up to a power
 4. Generate, in chunks of CHUNK_STEPS steps (one jitted `lax.while_loop` over the slots, the slot state
    donated): each live slot feeds its last token and samples the next. A slot is done after a stop token (the
    engine's EOS ids or the call's `stop_token_ids`) or after its token budget; done slots feed masked padding.
-   A chunk ends early once no slot is live. Between chunks the host reads which slots finished, hands their
+   A chunk ends early once no slot is live. Its attention reads the cache's first slots only, a window covering
+   the longest live row to the chunk's end (`attention_window`: multiples of 1/16 of the cache, at least 128
+   slots), so a step's HBM traffic follows the cache in use, not its capacity. Between chunks the host reads which slots finished, hands their
    rows' responses on, and refills those slots (1-3): a finished row leaves within CHUNK_STEPS steps, instead
    of keeping its slot until the longest row of a static batch is done.
 Every row keeps its own random stream (5.), so the samples are those of the static-batch reference
@@ -61,7 +63,7 @@ positions (SGLang clips max_new_tokens to the context length the same way, and r
 Compilation: shapes are bucketed, so recompilation is rare: the slots to the next power of two of the rows (at
 most `decode_slots`), the prefill's G prompts likewise, prompt width P and max_new_tokens N each to the next power
 of two (at least 16; the slots' cache holds P + N positions), the stop-id list to a multiple of 8, the chunk
-length a constant. Which slots a refill fills is a runtime mask, so an insert never recompiles. Temperature,
+length a constant, its attention window one of at most 16. Which slots a refill fills is a runtime mask, so an insert never recompiles. Temperature,
 top-p, top-k, the penalties, the stop ids and the seeds are runtime values; the sampling mode (greedy, plain,
 filtered) and whether there are penalties are static. `update_weights` swaps the parameters in memory: same
 shapes, no recompilation. Calls are serialised by a lock (one generation at a time; a weight update waits for
@@ -95,6 +97,11 @@ SAMPLING_BLOCK = 128
 # CHUNK_STEPS - 1 steps, against one host round trip per CHUNK_STEPS steps.
 CHUNK_STEPS = 16
 MAX_AUTO_SLOTS = 256
+# A decode chunk attends to the cache's first slots only, in windows that are multiples of 1 / WINDOW_BLOCKS of the
+# cache (at least MIN_WINDOW slots): its HBM traffic follows the longest live row, at the price of at most
+# WINDOW_BLOCKS compilations of the chunk.
+WINDOW_BLOCKS = 16
+MIN_WINDOW = 128
 GREEDY, SAMPLE, FILTERED = "greedy", "sample", "filtered"
 # What a byte-level tokenizer decodes an incomplete UTF-8 sequence to; at the end of a decoded prefix it is the
 # start of a character still being generated.
@@ -376,11 +383,25 @@ def _insert(slots: Slots, prefill_cache: KVCache, logits_gv, prompt_len_g, inser
     return _record(slots, logits_gv[source_b], insert_b, stop_ids_s, temperature, top_k, top_p, penalties, mode)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "num_steps", "mode"), donate_argnames=("slots",))
+def decode_step(model: Decoder, slots: Slots, stop_ids_s, temperature, top_k, top_p, penalties, *, mode: str,
+                attended_slots: Optional[int] = None) -> Slots:
+    """One decode step of every live slot: feed its last token, sample the next (`_record`). The attention reads
+    the cache's first `attended_slots` slots (the chunk's window, `attention_window`); a finished slot feeds
+    masked tokens, which its next refill overwrites."""
+    # The token recorded at step - 1 sits at position prompt_len + step - 1, in cache slot P + step - 1.
+    positions_b1 = (slots.prompt_len_b + slots.step_b - 1)[:, None]
+    hidden_b1d, cache = model(slots.token_b[:, None], positions_b1, slots.live_b[:, None], slots.cache,
+                              attended_slots=attended_slots)
+    slots = dataclasses.replace(slots, cache=cache)
+    logits_bv = model.logits(hidden_b1d[:, 0])
+    return _record(slots, logits_bv, slots.live_b, stop_ids_s, temperature, top_k, top_p, penalties, mode)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "num_steps", "mode", "attended_slots"),
+                   donate_argnames=("slots",))
 def _decode_chunk(graphdef, state, slots: Slots, stop_ids_s, temperature, top_k, top_p, penalties, *,
-                  num_steps: int, mode: str) -> Slots:
-    """Up to `num_steps` decode steps of every live slot: feed its last token, sample the next (`_record`).
-    Stops early once no slot is live. A finished slot feeds masked tokens, which its next refill overwrites."""
+                  num_steps: int, mode: str, attended_slots: int) -> Slots:
+    """Up to `num_steps` decode steps (`decode_step`), stopping early once no slot is live."""
     model = nnx.merge(graphdef, state)
 
     def cond(carry):
@@ -389,15 +410,18 @@ def _decode_chunk(graphdef, state, slots: Slots, stop_ids_s, temperature, top_k,
 
     def body(carry):
         step, slots = carry
-        # The token recorded at step - 1 sits at position prompt_len + step - 1, in cache slot P + step - 1.
-        positions_b1 = (slots.prompt_len_b + slots.step_b - 1)[:, None]
-        hidden_b1d, cache = model(slots.token_b[:, None], positions_b1, slots.live_b[:, None], slots.cache)
-        slots = dataclasses.replace(slots, cache=cache)
-        logits_bv = model.logits(hidden_b1d[:, 0])
-        return step + 1, _record(slots, logits_bv, slots.live_b, stop_ids_s, temperature, top_k, top_p, penalties,
-                                 mode)
+        return step + 1, decode_step(model, slots, stop_ids_s, temperature, top_k, top_p, penalties, mode=mode,
+                                     attended_slots=attended_slots)
 
     return jax.lax.while_loop(cond, body, (jnp.int32(0), slots))[1]
+
+
+def attention_window(needed_slots: int, capacity: int) -> int:
+    """The cache slots a chunk attends to: `needed_slots` rounded up to a multiple of WINDOW_BLOCKS's share of
+    the cache (at least MIN_WINDOW slots), at most `capacity`; so a chunk compiles for one of at most
+    WINDOW_BLOCKS windows, and reads at most one share more than it needs."""
+    block = max(MIN_WINDOW, -(-capacity // WINDOW_BLOCKS))
+    return min(capacity, -(-needed_slots // block) * block)
 
 
 class EmbeddedEngine(RolloutEngine):
@@ -583,6 +607,7 @@ class EmbeddedEngine(RolloutEngine):
         prefilled: dict[int, tuple[tuple, int]] = {}  # prompt -> (its shared prefill, its index there)
         waiting = collections.deque(range(len(rows)))
         row_of_slot: list[Optional[int]] = [None] * num_slots
+        step_b = np.zeros(num_slots, np.int32)  # each slot's tokens recorded so far, as last read
         while True:
             free = [b for b, row in enumerate(row_of_slot) if row is None]
             inserts: dict[int, tuple] = {}  # id(prefill) -> (prefill, insert_b, source_b, seed_b, budget_b)
@@ -606,16 +631,21 @@ class EmbeddedEngine(RolloutEngine):
                 ids, seed = rows[row]
                 insert[1][b], insert[2][b], insert[3][b], insert[4][b] = True, source, seed, self._budget(ids, params)
                 row_of_slot[b] = row
+                step_b[b] = 1
             for prefill, *refill in inserts.values():
                 slots = _insert(slots, *prefill, *refill, *sampling, mode=mode)
             if all(row is None for row in row_of_slot):
                 return
-            slots = _decode_chunk(self._graphdef, self._state, slots, *sampling, num_steps=CHUNK_STEPS, mode=mode)
-            live_b = jax.device_get(slots.live_b)
+            # A slot at step s feeds the token in cache slot P + s - 1; the chunk's last step attends to the slots
+            # up to P + s - 2 + CHUNK_STEPS.
+            longest = max(step_b[b] for b, row in enumerate(row_of_slot) if row is not None)
+            window = attention_window(width + longest + CHUNK_STEPS, width + max_steps)
+            slots = _decode_chunk(self._graphdef, self._state, slots, *sampling, num_steps=CHUNK_STEPS, mode=mode,
+                                  attended_slots=window)
+            live_b, step_b = map(np.array, jax.device_get((slots.live_b, slots.step_b)))
             finished = [b for b, row in enumerate(row_of_slot) if row is not None and not live_b[b]]
             if finished:
-                output_ids_bn, logprobs_bn, step_b = jax.device_get(
-                    (slots.output_ids_bn, slots.logprobs_bn, slots.step_b))
+                output_ids_bn, logprobs_bn = jax.device_get((slots.output_ids_bn, slots.logprobs_bn))
                 for b in finished:
                     yield row_of_slot[b], output_ids_bn[b, :step_b[b]].tolist(), logprobs_bn[b, :step_b[b]].tolist()
                     row_of_slot[b] = None

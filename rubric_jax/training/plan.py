@@ -44,6 +44,7 @@ from rubric_jax.models.config import ModelConfig, preset_config
 from rubric_jax.models.decoder import Decoder
 from rubric_jax.models.value import ValueModel, make_value_train_step, make_values_fn
 from rubric_jax.training import policy
+from rubric_jax.training.hbm_traffic import Traffic, hbm_traffic
 from rubric_jax.training.optim import make_optimizer
 from rubric_jax.training.run_config import RLConfig, resolve_algorithm
 
@@ -52,19 +53,20 @@ GIB = 2**30
 
 @dataclasses.dataclass(frozen=True)
 class Chip:
-    """A TPU generation: HBM per chip, peak dense bf16 FLOP/s per chip, and whether its two TensorCores act as
-    one device (megacore)."""
+    """A TPU generation: HBM per chip, peak dense bf16 FLOP/s per chip, HBM bandwidth per chip (bytes/s), and
+    whether its two TensorCores act as one device (megacore)."""
 
     hbm_bytes: int
     peak_flops: float
+    hbm_bandwidth: float
     megacore: bool = False
 
 
 CHIPS = {
-    "v4": Chip(32 * GIB, 275e12, megacore=True),
-    "v5e": Chip(16 * GIB, 197e12),
-    "v5p": Chip(95 * GIB, 459e12, megacore=True),
-    "v6e": Chip(32 * GIB, 918e12),
+    "v4": Chip(32 * GIB, 275e12, 1228e9, megacore=True),
+    "v5e": Chip(16 * GIB, 197e12, 819e9),
+    "v5p": Chip(95 * GIB, 459e12, 2765e9, megacore=True),
+    "v6e": Chip(32 * GIB, 918e12, 1640e9),
 }
 
 
@@ -106,6 +108,7 @@ class Compiled:
     flops: float
     compile_s: float
     out_of_memory: Optional[str] = None
+    traffic: Optional[Traffic] = None
 
     @property
     def total_bytes(self) -> int:
@@ -144,8 +147,9 @@ def _gib(n: float) -> str:
     return f"{n / GIB:.2f} GiB"
 
 
-def compile_stats(function: Any, *args: Any) -> Compiled:
-    """`function.lower(*args).compile()` (a `train_step` function; args `ShapeDtypeStruct`s) and its report."""
+def compile_stats(function: Any, *args: Any, traffic: bool = False) -> Compiled:
+    """`function.lower(*args).compile()` (a `train_step` function; args `ShapeDtypeStruct`s) and its report;
+    with `traffic`, also the HBM bytes one run moves (`hbm_traffic`, read from the compiled program)."""
     started = time.monotonic()
     try:
         compiled = function.lower(*args).compile()
@@ -157,7 +161,8 @@ def compile_stats(function: Any, *args: Any) -> Compiled:
     memory, cost = compiled.memory_analysis(), compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, list) else cost
     return Compiled(memory.argument_size_in_bytes, memory.temp_size_in_bytes, memory.output_size_in_bytes,
-                    memory.alias_size_in_bytes, float(cost.get("flops", 0.0)), elapsed)
+                    memory.alias_size_in_bytes, float(cost.get("flops", 0.0)), elapsed,
+                    traffic=hbm_traffic(compiled.as_text()) if traffic else None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -269,7 +274,7 @@ def _abstract_batch(rows: int, length: int, keys: tuple[str, ...], mesh: Any) ->
             for key in keys}
 
 
-def _per_chip_bytes(tree: Any) -> int:
+def per_chip_bytes(tree: Any) -> int:
     """Bytes of one chip's shards of a tree of sharded `ShapeDtypeStruct`s (TPU tile padding not counted)."""
     return sum(math.prod(leaf.sharding.shard_shape(leaf.shape)) * leaf.dtype.itemsize
                for leaf in jax.tree.leaves(tree))
@@ -294,7 +299,7 @@ class _Learner:
 
     @property
     def state_bytes(self) -> dict[str, int]:
-        return {name: _per_chip_bytes(tree) for name, tree in self.state.items()}
+        return {name: per_chip_bytes(tree) for name, tree in self.state.items()}
 
     def phase(self, name: str) -> Phase:
         """Compiles function `name` on its state arguments and batch; the rest of the state is resident."""

@@ -327,7 +327,8 @@ def test_token_counts_are_allocated_only_with_penalties(qwen3):
 
     def traced(penalties):
         slots = embedded._empty_slots(qwen3.config, rows, 32, 16, qwen3.dtype, penalties is not None, 0)
-        decode = functools.partial(embedded._decode_chunk, graphdef, num_steps=16, mode=embedded.SAMPLE)
+        decode = functools.partial(embedded._decode_chunk, graphdef, num_steps=16, mode=embedded.SAMPLE,
+                                   attended_slots=32)
         return str(jax.make_jaxpr(decode)(state, slots, np.full(8, -1, np.int32), np.float32(1.0), np.int32(-1),
                                           np.float32(1.0), penalties))
 

@@ -123,3 +123,33 @@ def test_stream_groups_raises_the_calls_errors(model):
 
     with pytest.raises(ValueError, match="stop_token_ids"):
         asyncio.run(stream())
+
+
+def test_chunks_attend_to_windows_of_the_cache_in_use(tiny_qwen3_dir, monkeypatch):
+    """With windows of 16 slots (MIN_WINDOW lowered from its 128), rows of up to 64 tokens are decoded in chunks
+    that attend to growing windows of the cache, not the whole of it, and the samples are the static reference's,
+    which attends to every slot."""
+    monkeypatch.setattr(embedded, "MIN_WINDOW", 16)
+    windows = []
+    chunk = embedded._decode_chunk
+
+    def recording(*args, attended_slots, **kwargs):
+        windows.append(attended_slots)
+        return chunk(*args, attended_slots=attended_slots, **kwargs)
+
+    monkeypatch.setattr(embedded, "_decode_chunk", recording)
+    model = _flat_model(str(tiny_qwen3_dir))
+    params = dataclasses.replace(SAMPLED, max_new_tokens=64, n=2, stop_token_ids=MANY_STOPS[::4])
+    continuous = EmbeddedEngine(model, decode_slots=SLOTS, eos_token_ids=()).generate(MIXED_PROMPTS, params)
+    assert_same_samples(continuous, StaticEngine(model, eos_token_ids=()).generate(MIXED_PROMPTS, params))
+    capacity = 32 + 64  # the 20-token prompt's width bucket and the budget's
+    assert max(len(s.output_ids) for s in continuous) > 32
+    assert min(windows) == 64 and max(windows) == capacity and len(set(windows)) == 3
+
+
+def test_a_window_is_a_multiple_of_its_block_and_never_past_the_cache():
+    assert embedded.attention_window(49, 96) == 96  # a block of MIN_WINDOW = 128, cut at the capacity
+    assert embedded.attention_window(130, 4096) == 256
+    assert embedded.attention_window(2064, 4096) == 2304  # blocks of 4096 / 16
+    assert embedded.attention_window(4096, 4096) == 4096
+    assert embedded.attention_window(1, 8192) == 512

@@ -141,8 +141,28 @@ def test_cli_plans_what_fits(tmp_path, capsys):
     assert cli.main(["plan", _config_file(tmp_path), "learner.mesh.fsdp=4", "rollout.prompts_per_step=1",
                      "--topology", "v5e:2x2"]) == 0
     out = capsys.readouterr().out
-    assert "topology v5e:2x2: 4 chips" in out and out.endswith("fits\n")
+    assert "topology v5e:2x2: 4 chips" in out and "\nfits\n" in out and out.endswith("rollouts fit\n")
     assert "attention splash" in out  # "auto" on TPU for a sequence that is a multiple of 128
+
+
+def test_rollouts_are_planned_in_the_decode_layout_and_read_the_cache_in_use(tmp_path):
+    """TINY's 2 key/value heads on a 4-chip host: tensor 2, data 2. 128 slots of 128 + 2048 cache positions; the
+    decode step with rows half full attends to 1224 slots (1088 + a chunk, in blocks of 2176 / 16) and reads the
+    weights' shard, those slots' keys and values, and little else."""
+    from rubric_jax.training import rollout_plan  # noqa: PLC0415
+
+    config = load_config(RLConfig, _config_file(tmp_path), ["learner.mesh.fsdp=4", "rollout.max_new_tokens=1920"])
+    rollouts = rollout_plan.plan_rollouts(config, TINY, "v5e:2x2", prompt_tokens=PROMPT)
+    assert rollouts.mesh == dict(data=2, fsdp=1, tensor=2)
+    assert (rollouts.slots, rollouts.cache_slots, rollouts.attended_slots) == (ROWS, 2176, 1224)
+    assert rollouts.weight_bytes == 4 * _expected_parameters_per_chip(TINY, fsdp=1, tensor=2)
+    kv_bytes_per_slot = LAYERS * 2 * (ROWS // 2) * (KV_HEADS // 2) * HEAD * 4  # keys and values, float32
+    assert rollouts.cache_bytes == kv_bytes_per_slot * 2176
+    attended = rollouts.weight_bytes + kv_bytes_per_slot * 1224
+    assert attended <= rollouts.decode_read_bytes <= 1.05 * attended
+    assert rollouts.read_ratio == rollouts.decode_read_bytes / (rollouts.weight_bytes + rollouts.cache_bytes // 2)
+    assert rollouts.fits and rollouts.max_slots > ROWS
+    assert "decode step, rows half full (attending to 1224 of 2176 slots)" in rollouts.report()
 
 
 def test_cli_refuses_what_does_not_fit(tmp_path, capsys):
@@ -233,7 +253,8 @@ def test_cli_search_reports_a_config_that_fits_as_it_is(tmp_path, capsys):
     assert cli.main(["plan", _config_file(tmp_path), "learner.mesh.fsdp=4", "rollout.prompts_per_step=1",
                      "model.attention=xla", "--topology", "v5e:2x2", "--search", "--hbm-gib", "8"]) == 0
     captured = capsys.readouterr()
-    assert "8.00 GiB HBM" in captured.out and captured.out.endswith("fits\nfits as configured\n")
+    assert "8.00 GiB HBM" in captured.out and "\nfits\n" in captured.out
+    assert captured.out.endswith("rollouts fit\nfits as configured\n")
     assert captured.err.count("tried: ") == 2  # one train step, one logprobs pass
     with pytest.raises(SystemExit) as exit_:
         cli.main(["plan", "run.yaml", "--topology", "v5e:2x2", "--hbm-gib", "-1"])

@@ -1,0 +1,193 @@
+"""The embedded engine's rollouts compiled ahead of time for a TPU topology (`rubric-jax plan`, beside the learner's
+plan of `training.plan`): its shared prefill and one decode step, on the chips' compiler, read for bytes.
+
+Decoding is bound by HBM bandwidth: a step reads the weights' shard and the KV cache it attends to, and produces
+one token per row. So the figure of merit is the HBM bytes a step reads per chip (`hbm_traffic`, read from the
+compiled program, not XLA's "bytes accessed", which counts VMEM copies too) against the least it must read, the
+weights' shard plus the cache in use. Conventions:
+- Layout ("decode layout"): "tensor" over a host's chips, up to the largest count dividing both them and the
+  key/value heads (a head is never split), "data" over the rest; the slots' rows split over "data", their
+  cache's heads over "tensor", the parameters by the partition rules (`models.sharding`). The run's embedded
+  engine does not sample in this layout yet: in a multi-process run it samples on each process's first chip (see
+  `policy.rollout_model`); this is the layout it is planned for.
+- Shapes are the engine's for one call of the step's rows (`inference.embedded`): `rollout.decode_slots` slots
+  (default: prompts_per_step x group_size rounded up to a power of two, at most 256), rounded up to a multiple of
+  "data"; each slot's cache holds P + N positions (the prompt width and max_new_tokens, each rounded up to a power
+  of two); the prefill takes G prompts at once as the engine does; the sampling mode is the config's.
+- The decode step planned has every row half full: it attends to the window the engine uses then
+  (`attention_window` of half the cache plus a chunk), and the least it must read is the weights plus half of the
+  cache.
+- Weights are held in the policy's parameter dtype, as the engine is handed them (`policy.rollout_model`), so a
+  weight sync moves the parameters' bytes per chip.
+- The throughput bound is rows / (bytes read per chip / HBM bandwidth): tokens per second at the roofline.
+"""
+
+import dataclasses
+from typing import Any, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from rubric_jax.inference import embedded
+from rubric_jax.models import sharding
+from rubric_jax.models.config import ModelConfig
+from rubric_jax.models.decoder import Decoder
+from rubric_jax.training import policy
+from rubric_jax.training.plan import GIB, Chip, Compiled, compile_stats, per_chip_bytes, topology_devices
+from rubric_jax.training.run_config import RLConfig, resolve_algorithm
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutPlan:
+    """The embedded engine's rollouts on a topology (module docstring); bytes are per chip."""
+
+    topology: str
+    chip: Chip
+    mesh: dict[str, int]
+    slots: int
+    prompt_width: int
+    max_steps: int
+    attended_slots: int
+    prefill_prompts: int
+    weight_bytes: int
+    cache_bytes: int
+    prefill: Compiled
+    decode: Compiled
+
+    @property
+    def cache_slots(self) -> int:
+        return self.prompt_width + self.max_steps
+
+    @property
+    def used_cache_bytes(self) -> int:
+        """The cache in use when every row is half full."""
+        return self.cache_bytes // 2
+
+    @property
+    def decode_read_bytes(self) -> int:
+        return self.decode.traffic.read_bytes
+
+    @property
+    def least_read_bytes(self) -> int:
+        return self.weight_bytes + self.used_cache_bytes
+
+    @property
+    def read_ratio(self) -> float:
+        return self.decode_read_bytes / self.least_read_bytes
+
+    @property
+    def tokens_per_s_bound(self) -> float:
+        return self.slots * self.chip.hbm_bandwidth / self.decode_read_bytes
+
+    @property
+    def slot_bytes(self) -> float:
+        """HBM per chip one slot's state takes (its cache, its response so far)."""
+        slots_per_chip = self.slots // self.mesh["data"]
+        return (self.decode.argument_bytes - self.weight_bytes) / slots_per_chip
+
+    @property
+    def max_slots(self) -> int:
+        """The most slots whose state fits in HBM beside the weights and the decode step's temporaries (0 when
+        the step does not compile for want of HBM)."""
+        if self.decode.out_of_memory is not None:
+            return 0
+        free = self.chip.hbm_bytes - self.weight_bytes - self.decode.temp_bytes
+        return max(0, int(free // self.slot_bytes)) * self.mesh["data"]
+
+    @property
+    def fits(self) -> bool:
+        return (self.decode.out_of_memory is None and self.prefill.out_of_memory is None
+                and self.slots <= self.max_slots)
+
+    def report(self) -> str:
+        mesh = " x ".join(f"{name} {size}" for name, size in self.mesh.items())
+        gib = lambda n: f"{n / GIB:.2f} GiB"  # noqa: E731
+        if self.decode.out_of_memory is not None or self.prefill.out_of_memory is not None:
+            return (f"rollouts ({mesh}): DO NOT FIT: "
+                    f"{self.decode.out_of_memory or self.prefill.out_of_memory}")
+        step_s = self.decode_read_bytes / self.chip.hbm_bandwidth
+        return "\n".join([
+            f"rollouts: decode layout {mesh}, {self.slots} slots of {self.prompt_width} + {self.max_steps} cache "
+            f"positions; per chip weights {gib(self.weight_bytes)}, KV cache {gib(self.cache_bytes)}; at most "
+            f"{self.max_slots} slots fit",
+            f"prefill of {self.prefill_prompts} prompts: per chip arguments {gib(self.prefill.argument_bytes)}, "
+            f"temporaries {gib(self.prefill.temp_bytes)}; compiled in {self.prefill.compile_s:.0f} s",
+            f"decode step, rows half full (attending to {self.attended_slots} of {self.cache_slots} slots): reads "
+            f"{gib(self.decode_read_bytes)} of HBM per chip = {self.read_ratio:.2f} x (weights + KV in use, "
+            f"{gib(self.least_read_bytes)}); >= {step_s * 1e3:.1f} ms at {self.chip.hbm_bandwidth / 1e12:.2f} TB/s: "
+            f"<= {self.tokens_per_s_bound:,.0f} tokens/s; a weight sync moves {gib(self.weight_bytes)} per chip",
+            "rollouts fit" if self.fits else "rollouts DO NOT FIT in HBM",
+        ])
+
+
+def decode_layout(devices: list[Any], model_config: ModelConfig) -> tuple[int, int]:
+    """(data, tensor) of the decode layout (module docstring) over `devices`."""
+    per_host = sum(device.process_index == devices[0].process_index for device in devices)
+    tensor = max(t for t in range(1, per_host + 1)
+                 if per_host % t == 0 and model_config.num_kv_heads % t == 0 and len(devices) % t == 0)
+    return len(devices) // tensor, tensor
+
+
+def _slot_shardings(abstract_slots: Any, mesh: Any) -> Any:
+    axis_sizes = dict(mesh.shape)
+
+    def spec(leaf):
+        if leaf.ndim == 4:  # a layer's keys or values [B, KV, S, hd]
+            return sharding.fit_spec((sharding.BATCH_AXES, "tensor", None, None), leaf.shape, axis_sizes)
+        return sharding.fit_spec((sharding.BATCH_AXES,) + (None,) * (leaf.ndim - 1), leaf.shape, axis_sizes)
+
+    return jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype,
+                                                          sharding=jax.sharding.NamedSharding(mesh, spec(leaf))),
+                        abstract_slots)
+
+
+def plan_rollouts(config: RLConfig, model_config: ModelConfig, topology: str, *, prompt_tokens: int,
+                  hbm_bytes: Optional[int] = None) -> RolloutPlan:
+    """Compiles the embedded engine's prefill and decode step of `config`'s rollouts for `model_config` on
+    `topology` (module docstring), prompts of `prompt_tokens`; `hbm_bytes` replaces the chip's HBM."""
+    chip, devices = topology_devices(topology)
+    if hbm_bytes is not None:
+        chip = dataclasses.replace(chip, hbm_bytes=hbm_bytes)
+    data, tensor = decode_layout(devices, model_config)
+    mesh = sharding.make_mesh(data, 1, tensor, devices=devices)
+    _, resolved = resolve_algorithm(config)
+    rollout = config.rollout
+    model = nnx.eval_shape(lambda: Decoder(model_config, rngs=nnx.Rngs(0), **policy.decoder_options(resolved.model)))
+    graphdef, abstract_params = nnx.split(model)
+    params = jax.tree.map(lambda leaf, s: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=s), abstract_params,
+                          sharding.param_shardings(abstract_params, mesh, sharding.partition_rules(model_config)))
+    rows = rollout.prompts_per_step * rollout.group_size
+    slots = rollout.decode_slots or min(embedded.bucket(rows, 1), embedded.MAX_AUTO_SLOTS)
+    slots = -(-slots // data) * data
+    width, max_steps = embedded.bucket(prompt_tokens), embedded.bucket(rollout.max_new_tokens)
+    prefill_prompts = min(embedded.bucket(-(-slots // rollout.group_size), 1),
+                          embedded.bucket(rollout.prompts_per_step, 1))
+    prefill_prompts = -(-prefill_prompts // data) * data
+    mode = embedded._sampling_mode(embedded.SamplingParams(max_new_tokens=rollout.max_new_tokens,
+                                                           temperature=rollout.temperature, top_p=rollout.top_p,
+                                                           top_k=rollout.top_k))
+    stop_ids_s = np.full(embedded.STOP_IDS_BUCKET, -1, np.int32)
+    sampling = (stop_ids_s, np.float32(rollout.temperature), np.int32(rollout.top_k), np.float32(rollout.top_p),
+                None)
+    abstract_slots = _slot_shardings(jax.eval_shape(lambda: embedded._empty_slots(
+        model_config, slots, width + max_steps, max_steps, model.dtype, False, 0)), mesh)
+    attended = embedded.attention_window((width + max_steps) // 2 + embedded.CHUNK_STEPS, width + max_steps)
+
+    def decode(params, slots):
+        return embedded.decode_step(nnx.merge(graphdef, params), slots, *sampling, mode=mode,
+                                    attended_slots=attended)
+
+    rows_sharding = sharding.batch_sharding(mesh)
+    prompt = jax.ShapeDtypeStruct((prefill_prompts, width), jnp.int32, sharding=rows_sharding)
+    prompt_mask = jax.ShapeDtypeStruct((prefill_prompts, width), jnp.bool_, sharding=rows_sharding)
+    with jax.set_mesh(mesh):
+        decode_compiled = compile_stats(jax.jit(decode, donate_argnums=(1,)), params, abstract_slots, traffic=True)
+        prefill_compiled = compile_stats(jax.jit(lambda p, t, m: embedded._prefill_prompts(graphdef, p, t, m)),
+                                         params, prompt, prompt_mask)
+    return RolloutPlan(
+        topology=topology, chip=chip, mesh=dict(mesh.shape), slots=slots, prompt_width=width, max_steps=max_steps,
+        attended_slots=attended, prefill_prompts=prefill_prompts, weight_bytes=per_chip_bytes(params),
+        cache_bytes=per_chip_bytes((abstract_slots.cache.k_bnsk, abstract_slots.cache.v_bnsk)),
+        prefill=prefill_compiled, decode=decode_compiled)
