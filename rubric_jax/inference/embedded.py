@@ -73,6 +73,7 @@ prompt's group as its last row finishes (the hook for judging a group while late
 
 import asyncio
 import collections
+import contextlib
 import dataclasses
 import functools
 import threading
@@ -84,6 +85,7 @@ import numpy as np
 from flax import nnx
 
 from rubric_jax.inference.engine import Prompt, RolloutEngine, Sample, SamplingParams, prompt_token_ids, sample_seeds
+from rubric_jax.models import sharding
 from rubric_jax.models.config import ModelConfig
 from rubric_jax.models.decoder import Decoder, KVCache, init_cache
 
@@ -321,6 +323,29 @@ def _empty_slots(config: ModelConfig, num_slots: int, max_len: int, max_steps: i
     )
 
 
+def slot_shardings(slots: Any, mesh: jax.sharding.Mesh) -> Any:
+    """NamedShardings of a tree of slot arrays (`Slots`, or their `jax.eval_shape`) on a decode mesh
+    (`sharding.decode_mesh`): rows over the batch axes, a layer's keys and values [B, KV, S, hd] also their heads
+    over "tensor" (each axis kept where it divides the dimension)."""
+    axis_sizes = dict(mesh.shape)
+
+    def spec(leaf):
+        axes = (sharding.BATCH_AXES, "tensor", None, None) if leaf.ndim == 4 else \
+            (sharding.BATCH_AXES,) + (None,) * (leaf.ndim - 1)
+        return jax.sharding.NamedSharding(mesh, sharding.fit_spec(axes, leaf.shape, axis_sizes))
+
+    return jax.tree.map(spec, slots)
+
+
+def _params_mesh(state: Any) -> Optional[jax.sharding.Mesh]:
+    """The mesh the parameters are laid out on (`policy.rollout_model`'s decode layout), None for parameters on
+    one device."""
+    leaf_sharding = getattr(jax.tree.leaves(state)[0], "sharding", None)
+    if isinstance(leaf_sharding, jax.sharding.NamedSharding) and leaf_sharding.mesh.size > 1:
+        return leaf_sharding.mesh
+    return None
+
+
 def _record(slots: Slots, logits_bv, write_b, stop_ids_s, temperature, top_k, top_p, penalties, mode: str) -> Slots:
     """The slots after sampling one token for each slot in `write_b` from its logits (the static reference's
     `record`, at each slot's own step): the token and its logprob written at column step_b, counted, and the
@@ -466,6 +491,7 @@ class EmbeddedEngine(RolloutEngine):
         self.decode_slots = decode_slots
         self.weight_version = weight_version
         self._graphdef, self._state = nnx.split(model)
+        self._mesh = _params_mesh(self._state)
         self._dtype = model.dtype
         self._num_calls = 0
         self._lock = threading.Lock()
@@ -479,6 +505,7 @@ class EmbeddedEngine(RolloutEngine):
         graphdef, state = nnx.split(model)
         with self._lock:
             self._graphdef, self._state, self._dtype = graphdef, state, model.dtype
+            self._mesh = _params_mesh(state)
             self.weight_version = version
 
     async def agenerate(self, prompts: Sequence[Prompt], params: SamplingParams) -> list[Sample]:
@@ -604,6 +631,8 @@ class EmbeddedEngine(RolloutEngine):
         sampling, mode = self._sampling_args(params), _sampling_mode(params)
         slots = _empty_slots(self._config, num_slots, width + max_steps, max_steps, self._dtype,
                              params.penalized, self.pad_id)
+        if self._mesh is not None:
+            slots = jax.device_put(slots, slot_shardings(slots, self._mesh))
         prefilled: dict[int, tuple[tuple, int]] = {}  # prompt -> (its shared prefill, its index there)
         waiting = collections.deque(range(len(rows)))
         row_of_slot: list[Optional[int]] = [None] * num_slots
@@ -617,8 +646,9 @@ class EmbeddedEngine(RolloutEngine):
                 if prompt not in prefilled:
                     # Rows are taken in order, so this is the first prompt not prefilled yet.
                     batch = prompts[prompt:prompt + prefill_batch]
-                    prefill = _prefill_prompts(self._graphdef, self._state,
-                                               *self._left_padded(batch, prefill_batch, width))
+                    with self._on_mesh():
+                        prefill = _prefill_prompts(self._graphdef, self._state,
+                                                   *self._left_padded(batch, prefill_batch, width))
                     prefilled.update((prompt + g, (prefill, g)) for g in range(len(batch)))
                 prefill, source = prefilled[prompt]
                 rows_left[prompt] -= 1
@@ -633,15 +663,17 @@ class EmbeddedEngine(RolloutEngine):
                 row_of_slot[b] = row
                 step_b[b] = 1
             for prefill, *refill in inserts.values():
-                slots = _insert(slots, *prefill, *refill, *sampling, mode=mode)
+                with self._on_mesh():
+                    slots = _insert(slots, *prefill, *refill, *sampling, mode=mode)
             if all(row is None for row in row_of_slot):
                 return
             # A slot at step s feeds the token in cache slot P + s - 1; the chunk's last step attends to the slots
             # up to P + s - 2 + CHUNK_STEPS.
             longest = max(step_b[b] for b, row in enumerate(row_of_slot) if row is not None)
             window = attention_window(width + longest + CHUNK_STEPS, width + max_steps)
-            slots = _decode_chunk(self._graphdef, self._state, slots, *sampling, num_steps=CHUNK_STEPS, mode=mode,
-                                  attended_slots=window)
+            with self._on_mesh():
+                slots = _decode_chunk(self._graphdef, self._state, slots, *sampling, num_steps=CHUNK_STEPS,
+                                      mode=mode, attended_slots=window)
             live_b, step_b = map(np.array, jax.device_get((slots.live_b, slots.step_b)))
             finished = [b for b, row in enumerate(row_of_slot) if row is not None and not live_b[b]]
             if finished:
@@ -649,6 +681,10 @@ class EmbeddedEngine(RolloutEngine):
                 for b in finished:
                     yield row_of_slot[b], output_ids_bn[b, :step_b[b]].tolist(), logprobs_bn[b, :step_b[b]].tolist()
                     row_of_slot[b] = None
+
+    def _on_mesh(self):
+        """The context a device call runs in: the parameters' mesh, for the decoder's activation constraints."""
+        return contextlib.nullcontext() if self._mesh is None else jax.set_mesh(self._mesh)
 
     def _sample(self, prompt_index: int, prompt_ids, output_ids, logprobs, params: SamplingParams, version: str):
         """The Sample of one row: finish reason by SGLang's order, host-side stop strings (module docstring)."""

@@ -110,6 +110,30 @@ def make_mesh(data: int = 1, fsdp: int = 1, tensor: int = 1, devices: Sequence[j
     return jax.make_mesh((data, fsdp, tensor), MESH_AXES, axis_types=(AxisType.Auto,) * 3, devices=devices)
 
 
+def decode_mesh(devices: Sequence[jax.Device], num_kv_heads: int, tensor: int | None = None) -> Mesh:
+    """The rollout engine's layout over `devices` (every process's, grouped by process): a (data, fsdp, tensor)
+    mesh with fsdp 1, "tensor" within a process, `tensor` devices wide (None: the most that divide both a
+    process's devices and the key/value heads, so a head is never split), "data" across the rest. Decoding reads
+    every weight once per step, so splitting the weights over a host's chips divides each chip's reads; rows split
+    over "data". ValueError when `tensor` does not divide a process's devices or the key/value heads."""
+    devices = sorted(devices, key=lambda device: (device.process_index, device.id))
+    per_process = sum(device.process_index == devices[0].process_index for device in devices)
+    if tensor is None:
+        tensor = max(t for t in range(1, per_process + 1) if per_process % t == 0 and num_kv_heads % t == 0)
+    if per_process % tensor or num_kv_heads % tensor:
+        raise ValueError(f"rollout.tensor_parallel={tensor} must divide each process's {per_process} devices and the "
+                         f"model's {num_kv_heads} key/value heads")
+    return Mesh(np.array(devices).reshape(len(devices) // tensor, 1, tensor), MESH_AXES,
+                axis_types=(AxisType.Auto,) * 3)
+
+
+def process_submesh(mesh: Mesh) -> Mesh:
+    """This process's rows of `mesh` (a `decode_mesh`, whose "tensor" groups lie within processes), as a mesh of
+    its own: the devices this process decodes on, by itself."""
+    rows = [row for row in mesh.devices if row.flat[0].process_index == jax.process_index()]
+    return Mesh(np.array(rows), mesh.axis_names, axis_types=(AxisType.Auto,) * len(mesh.axis_names))
+
+
 def _fitting_axes(axes: AxisSpec, units: int, axis_sizes: Mapping[str, int]) -> AxisSpec:
     """The longest prefix of `axes` (present in the mesh) whose total size divides `units`; None if empty."""
     names = (axes,) if isinstance(axes, str) else tuple(axes or ())

@@ -17,8 +17,7 @@ import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx
-from jax.experimental import multihost_utils
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding
 
 from rubric_jax.models import sharding, train_step
 from rubric_jax.models.config import ModelConfig
@@ -100,17 +99,37 @@ def copy_params(params: nnx.State) -> nnx.State:
     return jax.tree.map(jnp.copy, params)
 
 
-def rollout_model(graphdef: nnx.GraphDef, params: nnx.State, engine: str) -> Decoder:
-    """The policy to hand the rollout engine `engine` ("embedded" or "sglang", `RolloutConfig.engine`): a copy of
-    `params` (`copy_params`). In a multi-process run the embedded engine samples on this process's devices alone,
-    so it gets a whole replica on this process's first device, gathered one parameter at a time (a collective:
-    every process calls this); an SGLang engine gets the global model, which `save_hf_checkpoint` writes once,
-    from process 0, for every process's server."""
-    if engine == "sglang" or all(leaf.is_fully_addressable for leaf in jax.tree.leaves(params)):
+def rollout_dtype(dtype: Any, compute_dtype: Any) -> Any:
+    """A parameter's dtype in the embedded engine: the compute dtype where that is narrower, else its own."""
+    narrower = jnp.issubdtype(dtype, jnp.floating) and jnp.dtype(dtype).itemsize > jnp.dtype(compute_dtype).itemsize
+    return jnp.dtype(compute_dtype) if narrower else jnp.dtype(dtype)
+
+
+def rollout_model(graphdef: nnx.GraphDef, params: nnx.State, engine: str, *, tensor: Optional[int] = None) -> Decoder:
+    """The policy to hand the rollout engine `engine` ("embedded" or "sglang", `RolloutConfig.engine`).
+
+    SGLang: a copy of `params` (`copy_params`), the global model, which `save_hf_checkpoint` writes once, from
+    process 0, for every process's server.
+    Embedded: the weights in the decode layout over the learner's devices (`sharding.decode_mesh`:
+    tensor-parallel within a process, `tensor` wide, None: as wide as the key/value heads allow), each process's
+    on its own devices alone, in the policy's
+    compute dtype (every matmul casts its weights to it, so the samples are those of the learner's float32
+    parameters, at half the bytes a decode step reads and a sync moves). One resharding copy of the learner's
+    arrays (a collective: every process calls this), then each process's shards become a model of its own: each
+    process samples its prompts on its chips, and a model larger than one chip samples."""
+    if engine == "sglang":
         return nnx.merge(graphdef, copy_params(params))
-    device = jax.local_devices()[0]
+    learner_model = nnx.merge(graphdef, params)
+    learner_devices = jax.tree.leaves(params)[0].sharding.device_set
+    mesh = sharding.decode_mesh(list(learner_devices), learner_model.config.num_kv_heads, tensor)
+    shardings = sharding.param_shardings(params, mesh, sharding.partition_rules(learner_model.config))
+    cast = lambda leaf: jnp.array(leaf, dtype=rollout_dtype(leaf.dtype, learner_model.dtype), copy=True)  # noqa: E731
+    laid_out = jax.jit(lambda tree: jax.tree.map(cast, tree), out_shardings=shardings)(params)
+    local_mesh = sharding.process_submesh(mesh)
     return nnx.merge(graphdef, jax.tree.map(
-        lambda leaf: jax.device_put(multihost_utils.process_allgather(leaf, tiled=True), device), params))
+        lambda leaf, placed: jax.make_array_from_single_device_arrays(
+            leaf.shape, NamedSharding(local_mesh, placed.spec), [shard.data for shard in leaf.addressable_shards]),
+        laid_out, shardings))
 
 
 @dataclasses.dataclass

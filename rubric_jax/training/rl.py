@@ -160,8 +160,9 @@ def _train_rl(config: RLConfig, task: Any, *, judge, model, tokenizer, benchmark
     checkpointer = runs.open_checkpoints(out, config.checkpoint)
     state, meta, pending = _restore(checkpointer, state, algorithm, config, out)
     start = meta["step"] if meta else 0
-    engine = assembly.make_engine(config, policy.rollout_model(learner.graphdef, state.params, config.rollout.engine),
-                         tokenizer, f"step-{start}")
+    engine = assembly.make_engine(config, policy.rollout_model(learner.graphdef, state.params, config.rollout.engine,
+                                                               tensor=config.rollout.tensor_parallel),
+                                  tokenizer, f"step-{start}")
     frozen_engine = _frozen_engine(config, learner.graphdef, initial_params, tokenizer)
     del initial_params  # the embedded frozen engine holds its own reference; a frozen server has them on disk
     recorder = RecordingJudge(clients.judge)  # the recipe's judge; evaluation and the request counts use the judge
@@ -299,8 +300,9 @@ def _frozen_engine(config: RLConfig, graphdef: Any, initial_params: Any, tokeniz
     None when the recipe has none (`initial_params` None)."""
     if initial_params is None:
         return None
-    return assembly.make_frozen_engine(config, policy.rollout_model(graphdef, initial_params, config.rollout.engine),
-                              tokenizer)
+    return assembly.make_frozen_engine(config, policy.rollout_model(graphdef, initial_params, config.rollout.engine,
+                                                                    tensor=config.rollout.tensor_parallel),
+                                       tokenizer)
 
 
 def _rollout_context(config: RLConfig, task: Any, engine: Any, frozen_engine: Any, tokenizer: Any,
@@ -442,7 +444,8 @@ class _Run:
         """Step 5: the policy's weights after step `step` to the engine, as version "step-<step + 1>"."""
         with self.timer.phase("sync"):
             self.engine.update_weights(
-                policy.rollout_model(self.learner.graphdef, self.state.params, self.config.rollout.engine),
+                policy.rollout_model(self.learner.graphdef, self.state.params, self.config.rollout.engine,
+                                     tensor=self.config.rollout.tensor_parallel),
                 f"step-{step + 1}")
 
     def step_metrics(self, step: int, sampled: SampledExperience, learned: dict[str, float]) -> dict[str, float]:

@@ -5,20 +5,19 @@ Decoding is bound by HBM bandwidth: a step reads the weights' shard and the KV c
 one token per row. So the figure of merit is the HBM bytes a step reads per chip (`hbm_traffic`, read from the
 compiled program, not XLA's "bytes accessed", which counts VMEM copies too) against the least it must read, the
 weights' shard plus the cache in use. Conventions:
-- Layout ("decode layout"): "tensor" over a host's chips, up to the largest count dividing both them and the
-  key/value heads (a head is never split), "data" over the rest; the slots' rows split over "data", their
-  cache's heads over "tensor", the parameters by the partition rules (`models.sharding`). The run's embedded
-  engine does not sample in this layout yet: in a multi-process run it samples on each process's first chip (see
-  `policy.rollout_model`); this is the layout it is planned for.
+- Layout: the engine's decode layout (`models.sharding.decode_mesh`, `rollout.tensor_parallel`): "tensor" over a
+  host's chips, up to the largest count dividing both them and the key/value heads (a head is never split),
+  "data" over the rest; the slots' rows split over "data", their cache's heads over "tensor"
+  (`inference.embedded.slot_shardings`), the parameters by the partition rules.
 - Shapes are the engine's for one call of the step's rows (`inference.embedded`): `rollout.decode_slots` slots
   (default: prompts_per_step x group_size rounded up to a power of two, at most 256), rounded up to a multiple of
   "data"; each slot's cache holds P + N positions (the prompt width and max_new_tokens, each rounded up to a power
   of two); the prefill takes G prompts at once as the engine does; the sampling mode is the config's.
-- The decode step planned has every row half full: it attends to the window the engine uses then
-  (`attention_window` of half the cache plus a chunk), and the least it must read is the weights plus half of the
-  cache.
-- Weights are held in the policy's parameter dtype, as the engine is handed them (`policy.rollout_model`), so a
-  weight sync moves the parameters' bytes per chip.
+- The decode step planned has every row half full (`fill`): it attends to the window the engine uses then
+  (`attention_window` of that share of the cache plus a chunk), and the least it must read is the weights plus
+  that share of the cache.
+- Weights are held in the compute dtype where it is narrower than the parameters' (`policy.rollout_model`:
+  bfloat16 for a float32 policy with bfloat16 activations), and a weight sync moves those bytes per chip.
 - The throughput bound is rows / (bytes read per chip / HBM bandwidth): tokens per second at the roofline.
 """
 
@@ -50,6 +49,7 @@ class RolloutPlan:
     prompt_width: int
     max_steps: int
     attended_slots: int
+    fill: float
     prefill_prompts: int
     weight_bytes: int
     cache_bytes: int
@@ -62,8 +62,8 @@ class RolloutPlan:
 
     @property
     def used_cache_bytes(self) -> int:
-        """The cache in use when every row is half full."""
-        return self.cache_bytes // 2
+        """The cache in use when every row is `fill` full."""
+        return int(self.cache_bytes * self.fill)
 
     @property
     def decode_read_bytes(self) -> int:
@@ -114,7 +114,8 @@ class RolloutPlan:
             f"{self.max_slots} slots fit",
             f"prefill of {self.prefill_prompts} prompts: per chip arguments {gib(self.prefill.argument_bytes)}, "
             f"temporaries {gib(self.prefill.temp_bytes)}; compiled in {self.prefill.compile_s:.0f} s",
-            f"decode step, rows half full (attending to {self.attended_slots} of {self.cache_slots} slots): reads "
+            f"decode step, rows {self.fill:.0%} full (attending to {self.attended_slots} of {self.cache_slots} "
+            f"slots): reads "
             f"{gib(self.decode_read_bytes)} of HBM per chip = {self.read_ratio:.2f} x (weights + KV in use, "
             f"{gib(self.least_read_bytes)}); >= {step_s * 1e3:.1f} ms at {self.chip.hbm_bandwidth / 1e12:.2f} TB/s: "
             f"<= {self.tokens_per_s_bound:,.0f} tokens/s; a weight sync moves {gib(self.weight_bytes)} per chip",
@@ -122,41 +123,25 @@ class RolloutPlan:
         ])
 
 
-def decode_layout(devices: list[Any], model_config: ModelConfig) -> tuple[int, int]:
-    """(data, tensor) of the decode layout (module docstring) over `devices`."""
-    per_host = sum(device.process_index == devices[0].process_index for device in devices)
-    tensor = max(t for t in range(1, per_host + 1)
-                 if per_host % t == 0 and model_config.num_kv_heads % t == 0 and len(devices) % t == 0)
-    return len(devices) // tensor, tensor
-
-
-def _slot_shardings(abstract_slots: Any, mesh: Any) -> Any:
-    axis_sizes = dict(mesh.shape)
-
-    def spec(leaf):
-        if leaf.ndim == 4:  # a layer's keys or values [B, KV, S, hd]
-            return sharding.fit_spec((sharding.BATCH_AXES, "tensor", None, None), leaf.shape, axis_sizes)
-        return sharding.fit_spec((sharding.BATCH_AXES,) + (None,) * (leaf.ndim - 1), leaf.shape, axis_sizes)
-
-    return jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype,
-                                                          sharding=jax.sharding.NamedSharding(mesh, spec(leaf))),
-                        abstract_slots)
-
-
 def plan_rollouts(config: RLConfig, model_config: ModelConfig, topology: str, *, prompt_tokens: int,
-                  hbm_bytes: Optional[int] = None) -> RolloutPlan:
+                  hbm_bytes: Optional[int] = None, fill: float = 0.5) -> RolloutPlan:
     """Compiles the embedded engine's prefill and decode step of `config`'s rollouts for `model_config` on
-    `topology` (module docstring), prompts of `prompt_tokens`; `hbm_bytes` replaces the chip's HBM."""
+    `topology` (module docstring), prompts of `prompt_tokens`, the decode step with every row `fill` (in (0, 1])
+    of its cache in use; `hbm_bytes` replaces the chip's HBM."""
+    if not 0 < fill <= 1:
+        raise ValueError(f"fill must be in (0, 1], got {fill}")
     chip, devices = topology_devices(topology)
     if hbm_bytes is not None:
         chip = dataclasses.replace(chip, hbm_bytes=hbm_bytes)
-    data, tensor = decode_layout(devices, model_config)
-    mesh = sharding.make_mesh(data, 1, tensor, devices=devices)
+    mesh = sharding.decode_mesh(devices, model_config.num_kv_heads, config.rollout.tensor_parallel)
+    data = mesh.shape["data"]
     _, resolved = resolve_algorithm(config)
     rollout = config.rollout
     model = nnx.eval_shape(lambda: Decoder(model_config, rngs=nnx.Rngs(0), **policy.decoder_options(resolved.model)))
     graphdef, abstract_params = nnx.split(model)
-    params = jax.tree.map(lambda leaf, s: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=s), abstract_params,
+    params = jax.tree.map(lambda leaf, s: jax.ShapeDtypeStruct(leaf.shape, policy.rollout_dtype(leaf.dtype, model.dtype),
+                                                               sharding=s),
+                          abstract_params,
                           sharding.param_shardings(abstract_params, mesh, sharding.partition_rules(model_config)))
     rows = rollout.prompts_per_step * rollout.group_size
     slots = rollout.decode_slots or min(embedded.bucket(rows, 1), embedded.MAX_AUTO_SLOTS)
@@ -171,9 +156,11 @@ def plan_rollouts(config: RLConfig, model_config: ModelConfig, topology: str, *,
     stop_ids_s = np.full(embedded.STOP_IDS_BUCKET, -1, np.int32)
     sampling = (stop_ids_s, np.float32(rollout.temperature), np.int32(rollout.top_k), np.float32(rollout.top_p),
                 None)
-    abstract_slots = _slot_shardings(jax.eval_shape(lambda: embedded._empty_slots(
-        model_config, slots, width + max_steps, max_steps, model.dtype, False, 0)), mesh)
-    attended = embedded.attention_window((width + max_steps) // 2 + embedded.CHUNK_STEPS, width + max_steps)
+    abstract_slots = jax.eval_shape(lambda: embedded._empty_slots(model_config, slots, width + max_steps, max_steps,
+                                                                  model.dtype, False, 0))
+    abstract_slots = jax.tree.map(lambda leaf, s: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=s),
+                                  abstract_slots, embedded.slot_shardings(abstract_slots, mesh))
+    attended = embedded.attention_window(int((width + max_steps) * fill) + embedded.CHUNK_STEPS, width + max_steps)
 
     def decode(params, slots):
         return embedded.decode_step(nnx.merge(graphdef, params), slots, *sampling, mode=mode,
@@ -188,6 +175,6 @@ def plan_rollouts(config: RLConfig, model_config: ModelConfig, topology: str, *,
                                          params, prompt, prompt_mask)
     return RolloutPlan(
         topology=topology, chip=chip, mesh=dict(mesh.shape), slots=slots, prompt_width=width, max_steps=max_steps,
-        attended_slots=attended, prefill_prompts=prefill_prompts, weight_bytes=per_chip_bytes(params),
+        attended_slots=attended, fill=fill, prefill_prompts=prefill_prompts, weight_bytes=per_chip_bytes(params),
         cache_bytes=per_chip_bytes((abstract_slots.cache.k_bnsk, abstract_slots.cache.v_bnsk)),
         prefill=prefill_compiled, decode=decode_compiled)

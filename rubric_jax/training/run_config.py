@@ -121,6 +121,10 @@ class RolloutConfig:
     updated, so it must not be the policy's server. The embedded engine makes its frozen copy in process.
     `decode_slots`: the embedded engine's decode slots (rows decoded at once, by continuous batching; None: a
     call's rows rounded up to a power of two, at most 256; `inference.embedded.EmbeddedEngine`).
+    `tensor_parallel`: the embedded engine's decode layout (`models.sharding.decode_mesh`): each process samples its
+    prompts on all of its devices, the weights split over `tensor_parallel` of them (None: as many as divide both
+    a process's devices and the model's key/value heads), rows over the rest. The samples do not depend on it
+    (up to float summation order: relaunch-safe).
 
     `overlap`: sample (and judge) step n + 1's experience in a background thread while the learner updates on
     step n's, from the weights before that update: every batch after the first is one policy version old
@@ -150,6 +154,7 @@ class RolloutConfig:
     top_p: float = 1.0
     top_k: int = -1
     decode_slots: Optional[int] = None
+    tensor_parallel: Optional[int] = None
     overlap: bool = False
     pipelined_judging: bool = True
     max_failure_rate: float = 0.5
@@ -163,6 +168,8 @@ class RolloutConfig:
             _require(getattr(self, name) >= 1, f"{name} must be >= 1, got {getattr(self, name)}")
         _require(self.decode_slots is None or self.decode_slots >= 1,
                  f"decode_slots must be None (chosen per call) or >= 1, got {self.decode_slots}")
+        _require(self.tensor_parallel is None or self.tensor_parallel >= 1,
+                 f"tensor_parallel must be None (chosen by the devices) or >= 1, got {self.tensor_parallel}")
         _require(self.max_prompt_tokens is None or self.max_prompt_tokens >= 1,
                  f"max_prompt_tokens must be None (no cap) or >= 1, got {self.max_prompt_tokens}")
         _require((self.engine == "sglang") == (self.sglang_url is not None),

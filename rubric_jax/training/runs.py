@@ -114,6 +114,7 @@ RELAUNCH_SAFE_KEYS = (
     "output_dir", "steps", "eval.every_steps", "checkpoint.every_steps", "checkpoint.keep", "checkpoint.async_save",
     "metrics", "rollout_log.every_steps", "rollout_log.samples_per_step", "eval.log_samples",
     "rollout.sglang_url", "rollout.frozen_sglang_url", "rollout.pipelined_judging", "rollout.decode_slots",
+    "rollout.tensor_parallel",
     *(f"{section}.{key}" for section in ("judge", "meta_verifier")
       for key in ("url", "max_in_flight", "max_attempts", "timeout_s", "api_key_env", "headers",
                   "price_per_million_tokens")),

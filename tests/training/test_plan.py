@@ -162,7 +162,7 @@ def test_rollouts_are_planned_in_the_decode_layout_and_read_the_cache_in_use(tmp
     assert attended <= rollouts.decode_read_bytes <= 1.05 * attended
     assert rollouts.read_ratio == rollouts.decode_read_bytes / (rollouts.weight_bytes + rollouts.cache_bytes // 2)
     assert rollouts.fits and rollouts.max_slots > ROWS
-    assert "decode step, rows half full (attending to 1224 of 2176 slots)" in rollouts.report()
+    assert "decode step, rows 50% full (attending to 1224 of 2176 slots)" in rollouts.report()
 
 
 def test_cli_refuses_what_does_not_fit(tmp_path, capsys):
