@@ -54,8 +54,8 @@ def check(args):
 
 
 def run(planned, args) -> int:
-    """Prints the plan's report, the learner's then the rollouts'; status 1 when the learner's step or the
-    rollouts do not fit in the chips' HBM."""
+    """Prints the plan's report, the learner's then the rollouts'; status 1 when the learner's step or (for a
+    config that samples with the embedded engine) the rollouts do not fit in the chips' HBM."""
     result, overrides, rollouts = planned
     print(result.report())
     print(rollouts.report())
@@ -63,10 +63,10 @@ def run(planned, args) -> int:
         advice = "no micro-batch count or remat setting fits: plan a larger topology" if args.search else \
             "raise learner.micro_batches, set model.remat=true (or try --search), or plan a larger topology"
         print(f"rubric-jax {NAME}: the learner does not fit in {args.topology}'s HBM: {advice}", file=sys.stderr)
-    if not rollouts.fits:
+    if rollouts.binding and not rollouts.fits:
         print(f"rubric-jax {NAME}: the rollouts do not fit in {args.topology}'s HBM: lower rollout.decode_slots "
               f"(at most {rollouts.max_slots} fit) or plan a larger topology", file=sys.stderr)
-    if not (result.fits and rollouts.fits):
+    if not (result.fits and (rollouts.fits or not rollouts.binding)):
         return 1
     if args.search:
         print("fits as configured" if not overrides else f"fits with: {' '.join(overrides)}")

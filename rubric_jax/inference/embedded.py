@@ -220,10 +220,15 @@ def sample_tokens(logits_bv, keys_b, step, temperature, top_k, top_p, mode: str)
 
 def _prefill(model: Decoder, tokens_bp, mask_bp, max_len: int) -> tuple[KVCache, jax.Array, jax.Array]:
     """(cache of `max_len` slots holding the left-padded prompts in slots [0, P), the last position's logits
-    [B, V], prompt lengths [B]); positions count each row's real tokens."""
+    [B, V], prompt lengths [B]); positions count each row's real tokens. The prompts are attended by the
+    full-sequence pass (`Decoder.prefill`), and the cache padded with empty slots up to `max_len`."""
     positions_bp = jnp.maximum(jnp.cumsum(mask_bp, axis=-1) - 1, 0).astype(jnp.int32)
-    cache = init_cache(model.config, tokens_bp.shape[0], max_len, model.dtype)
-    hidden_bpd, cache = model(tokens_bp, positions_bp, mask_bp, cache)
+    hidden_bpd, cache = model.prefill(tokens_bp, positions_bp, mask_bp)
+    empty = max_len - tokens_bp.shape[1]
+    if empty:
+        pad = lambda x: jnp.pad(x, ((0, 0), (0, 0), (0, empty), (0, 0)))  # noqa: E731
+        cache = KVCache(k_bnsk=tuple(map(pad, cache.k_bnsk)), v_bnsk=tuple(map(pad, cache.v_bnsk)),
+                        valid_bs=jnp.pad(cache.valid_bs, ((0, 0), (0, empty))), end=cache.end)
     return cache, model.logits(hidden_bpd[:, -1]), jnp.sum(mask_bp, axis=-1).astype(jnp.int32)
 
 

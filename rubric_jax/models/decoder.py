@@ -385,6 +385,17 @@ class Decoder(nnx.Module):
         reads that part of the cache alone, so a decode step's HBM traffic follows the cache in use, not its
         capacity (the embedded engine's windows). None: all of them.
         """
+        return self._forward(tokens_bt, positions_bt, attention_mask_bt, cache, attended_slots, keep_kv=False)
+
+    def prefill(self, tokens_bt: jax.Array, positions_bt: jax.Array,
+                attention_mask_bt: jax.Array) -> tuple[jax.Array, KVCache]:
+        """Final-norm hidden states [B, T, D] and the cache these T tokens leave: T slots holding their keys and
+        values, end T. The same as `__call__` with an empty T-slot cache, but computed by the pass without one
+        (causal attention by the full-sequence kernel: splash on TPU, cuDNN on GPU, XLA's causal query blocks),
+        so a long prompt's prefill never builds its [B, T, T] scores at once. Layers run unrolled."""
+        return self._forward(tokens_bt, positions_bt, attention_mask_bt, None, None, keep_kv=True)
+
+    def _forward(self, tokens_bt, positions_bt, attention_mask_bt, cache, attended_slots, *, keep_kv: bool):
         length = tokens_bt.shape[1]
         valid_bt = attention_mask_bt.astype(bool)
         x_btd = self.shard_activations(self.embed_tokens(tokens_bt), ACTIVATION_AXES)
@@ -405,7 +416,7 @@ class Decoder(nnx.Module):
             slot_s = jnp.arange(attended_bs.shape[1])
             mask_bts = attended_bs[:, None, :] & (slot_s[None, None, :] <= slot_bt[:, :, None])
 
-        if cache is None and self.scan_layers:
+        if cache is None and self.scan_layers and not keep_kv:
             return self.norm(self._scanned_layers(x_btd, cos_btk, sin_btk, mask_bts)), None
         apply_layer = _apply_layer_remat if self.remat else _apply_layer
         keys, values = [], []
@@ -419,6 +430,8 @@ class Decoder(nnx.Module):
 
         if cache is not None:
             cache = KVCache(k_bnsk=tuple(keys), v_bnsk=tuple(values), valid_bs=valid_bs, end=cache.end + length)
+        elif keep_kv:
+            cache = KVCache(k_bnsk=tuple(keys), v_bnsk=tuple(values), valid_bs=valid_bt, end=jnp.int32(length))
         return hidden_btd, cache
 
     def _fused_attention(self, length: int) -> bool:

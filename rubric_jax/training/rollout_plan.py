@@ -44,6 +44,7 @@ class RolloutPlan:
 
     topology: str
     chip: Chip
+    engine: str
     mesh: dict[str, int]
     slots: int
     prompt_width: int
@@ -53,6 +54,7 @@ class RolloutPlan:
     prefill_prompts: int
     weight_bytes: int
     cache_bytes: int
+    slot_state_bytes: int
     prefill: Compiled
     decode: Compiled
 
@@ -82,30 +84,36 @@ class RolloutPlan:
         return self.slots * self.chip.hbm_bandwidth / self.decode_read_bytes
 
     @property
-    def slot_bytes(self) -> float:
-        """HBM per chip one slot's state takes (its cache, its response so far)."""
-        slots_per_chip = self.slots // self.mesh["data"]
-        return (self.decode.argument_bytes - self.weight_bytes) / slots_per_chip
-
-    @property
     def max_slots(self) -> int:
-        """The most slots whose state fits in HBM beside the weights and the decode step's temporaries (0 when
-        the step does not compile for want of HBM)."""
-        if self.decode.out_of_memory is not None:
-            return 0
+        """The most slots whose state (`slot_state_bytes` per slot, per chip) fits in HBM beside the weights and
+        the decode step's temporaries (none counted when the step did not compile for want of HBM)."""
+        slot_bytes = self.slot_state_bytes / (self.slots // self.mesh["data"])
         free = self.chip.hbm_bytes - self.weight_bytes - self.decode.temp_bytes
-        return max(0, int(free // self.slot_bytes)) * self.mesh["data"]
+        return max(0, int(free // slot_bytes)) * self.mesh["data"]
 
     @property
     def fits(self) -> bool:
         return (self.decode.out_of_memory is None and self.prefill.out_of_memory is None
                 and self.slots <= self.max_slots)
 
+    @property
+    def binding(self) -> bool:
+        """Whether the run samples with the engine planned, so that its rollouts must fit (an SGLang run's
+        plan shows what `rollout.engine=embedded` would take)."""
+        return self.engine == "embedded"
+
     def report(self) -> str:
+        return "\n".join(([] if self.binding else [
+            "rollouts: this config samples with SGLang; the embedded engine's plan below is for "
+            "rollout.engine=embedded (on a TPU)"]) + [self._figures()])
+
+    def _figures(self) -> str:
         mesh = " x ".join(f"{name} {size}" for name, size in self.mesh.items())
         gib = lambda n: f"{n / GIB:.2f} GiB"  # noqa: E731
         if self.decode.out_of_memory is not None or self.prefill.out_of_memory is not None:
-            return (f"rollouts ({mesh}): DO NOT FIT: "
+            return (f"rollouts: decode layout {mesh}, {self.slots} slots of {self.prompt_width} + {self.max_steps} "
+                    f"cache positions; per chip weights {gib(self.weight_bytes)}, KV cache {gib(self.cache_bytes)}; "
+                    f"at most {self.max_slots} slots fit\nrollouts DO NOT FIT: "
                     f"{self.decode.out_of_memory or self.prefill.out_of_memory}")
         step_s = self.decode_read_bytes / self.chip.hbm_bandwidth
         return "\n".join([
@@ -174,7 +182,8 @@ def plan_rollouts(config: RLConfig, model_config: ModelConfig, topology: str, *,
         prefill_compiled = compile_stats(jax.jit(lambda p, t, m: embedded._prefill_prompts(graphdef, p, t, m)),
                                          params, prompt, prompt_mask)
     return RolloutPlan(
-        topology=topology, chip=chip, mesh=dict(mesh.shape), slots=slots, prompt_width=width, max_steps=max_steps,
+        topology=topology, chip=chip, engine=rollout.engine, mesh=dict(mesh.shape), slots=slots, prompt_width=width, max_steps=max_steps,
         attended_slots=attended, fill=fill, prefill_prompts=prefill_prompts, weight_bytes=per_chip_bytes(params),
         cache_bytes=per_chip_bytes((abstract_slots.cache.k_bnsk, abstract_slots.cache.v_bnsk)),
+        slot_state_bytes=per_chip_bytes(abstract_slots),
         prefill=prefill_compiled, decode=decode_compiled)

@@ -177,6 +177,23 @@ def test_cached_decoding_matches_full_forward(loaded, padding):
     assert not np.asarray(cache.valid_bs[:, 13:]).any()
 
 
+@pytest.mark.parametrize("padding", ["left", "right"])
+def test_prefill_leaves_the_cache_a_cached_pass_leaves(loaded, padding):
+    """`Decoder.prefill` (the pass without a cache, here over two causal query blocks of 64) gives the hidden
+    states and the keys, values and validity that feeding the prompt into an empty cache of as many slots gives."""
+    tokens_bt, positions_bt, mask_bt = padded_batch(4, lengths=[128, 90, 3], width=128, padding=padding)
+    cache = init_cache(loaded.config, batch_size=3, max_len=128)
+    cached_btd, cached = jax.jit(lambda m, *a: m(*a))(loaded.decoder, tokens_bt, positions_bt, mask_bt, cache)
+    prefilled_btd, prefilled = jax.jit(lambda m, *a: m.prefill(*a))(loaded.decoder, tokens_bt, positions_bt,
+                                                                    mask_bt)
+    np.testing.assert_allclose(np.asarray(prefilled_btd)[mask_bt], np.asarray(cached_btd)[mask_bt], **CACHE_TOL)
+    for got, expected in zip(prefilled.k_bnsk + prefilled.v_bnsk, cached.k_bnsk + cached.v_bnsk):
+        valid = np.asarray(mask_bt)[:, None, :, None].repeat(got.shape[1], 1).repeat(got.shape[3], 3)
+        np.testing.assert_allclose(np.asarray(got)[valid], np.asarray(expected)[valid], **CACHE_TOL)
+    np.testing.assert_array_equal(prefilled.valid_bs, cached.valid_bs)
+    assert int(prefilled.end) == int(cached.end) == 128
+
+
 def test_per_row_ends_write_and_attend_at_each_rows_own_slot(qwen3):
     """A cache with one write position per row (continuous batching): after the prompt, the rows' ends are moved
     apart (0, 2 and 4 unwritten slots of gap, as rows refilled at different times would leave), then 3 tokens are
