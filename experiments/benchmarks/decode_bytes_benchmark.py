@@ -12,7 +12,7 @@ v5p:2x2x2 in the decode layout (data 2 x tensor 4).
 Bytes are deterministic (a compiled program, no timing). The last line printed is one JSON object of the figures.
 
     python experiments/benchmarks/decode_bytes_benchmark.py            # the setup above (minutes: two compiles)
-    python experiments/benchmarks/decode_bytes_benchmark.py --quick    # a tiny model on v5e:2x2
+    python experiments/benchmarks/decode_bytes_benchmark.py --quick    # a tiny model on v5e:2x2, 512 + 512
 """
 
 import argparse
@@ -34,13 +34,13 @@ QUICK_MODEL = ModelConfig(model_type="qwen3", vocab_size=512, hidden_size=512, i
 
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="a tiny model on v5e:2x2, 64 slots")
+    parser.add_argument("--quick", action="store_true", help="a tiny model on v5e:2x2, 64 slots of 512 + 512 positions")
     args = parser.parse_args(argv)
-    slots, topology, model = (64, "v5e:2x2", QUICK_MODEL) if args.quick else \
-        (256, "v5p:2x2x2", preset_config("Qwen3-8B"))
+    slots, tokens, topology, model = (64, 512, "v5e:2x2", QUICK_MODEL) if args.quick else \
+        (256, 2048, "v5p:2x2x2", preset_config("Qwen3-8B"))
     config = load_config(RLConfig, os.path.join(ROOT, "configs", "srar_paper.yaml"),
-                         ["rollout.max_new_tokens=2048", f"rollout.decode_slots={slots}"])
-    half, whole = (rollout_plan.plan_rollouts(config, model, topology, prompt_tokens=2048, fill=fill)
+                         [f"rollout.max_new_tokens={tokens}", f"rollout.decode_slots={slots}"])
+    half, whole = (rollout_plan.plan_rollouts(config, model, topology, prompt_tokens=tokens, fill=fill)
                    for fill in (0.5, 1.0))
     print(half.report())
     print(f"the step attending to the whole cache reads {whole.decode_read_bytes / 2**30:.2f} GiB per chip")
