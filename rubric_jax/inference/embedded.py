@@ -21,7 +21,8 @@ decode slots B (`decode_slots`; by default the call's rows rounded up to a power
    engine's EOS ids or the call's `stop_token_ids`) or after its token budget; done slots feed masked padding.
    A chunk ends early once no slot is live. Its attention reads the cache's first slots only, a window covering
    the longest live row to the chunk's end (`attention_window`: multiples of 1/16 of the cache, at least 128
-   slots), so a step's HBM traffic follows the cache in use, not its capacity. Between chunks the host reads which slots finished, hands their
+   slots), so a step's HBM traffic follows the cache in use, not its capacity. Between chunks the host reads
+   which slots finished, hands their
    rows' responses on, and refills those slots (1-3): a finished row leaves within CHUNK_STEPS steps, instead
    of keeping its slot until the longest row of a static batch is done.
 Every row keeps its own random stream (5.), so the samples are those of the static-batch reference
@@ -63,7 +64,8 @@ positions (SGLang clips max_new_tokens to the context length the same way, and r
 Compilation: shapes are bucketed, so recompilation is rare: the slots to the next power of two of the rows (at
 most `decode_slots`), the prefill's G prompts likewise, prompt width P and max_new_tokens N each to the next power
 of two (at least 16; the slots' cache holds P + N positions), the stop-id list to a multiple of 8, the chunk
-length a constant, its attention window one of at most 16. Which slots a refill fills is a runtime mask, so an insert never recompiles. Temperature,
+length a constant, its attention window one of at most 16. Which slots a refill fills is a runtime mask, so an
+insert never recompiles. Temperature,
 top-p, top-k, the penalties, the stop ids and the seeds are runtime values; the sampling mode (greedy, plain,
 filtered) and whether there are penalties are static. `update_weights` swaps the parameters in memory: same
 shapes, no recompilation. Calls are serialised by a lock (one generation at a time; a weight update waits for
@@ -446,6 +448,15 @@ def _decode_chunk(graphdef, state, slots: Slots, stop_ids_s, temperature, top_k,
     return jax.lax.while_loop(cond, body, (jnp.int32(0), slots))[1]
 
 
+def call_shapes(num_rows: int, num_prompts: int, decode_slots: Optional[int]) -> tuple[int, int]:
+    """(decode slots, prompts per shared prefill) of a call of `num_rows` rows of `num_prompts` distinct prompts
+    (module docstring: the rows rounded up to a power of two, at most `decode_slots` or MAX_AUTO_SLOTS; enough
+    prompts per prefill to fill the slots with whole groups)."""
+    num_slots = min(bucket(num_rows, 1), decode_slots or MAX_AUTO_SLOTS)
+    rows_per_prompt = -(-num_rows // num_prompts)
+    return num_slots, min(bucket(-(-num_slots // rows_per_prompt), 1), bucket(num_prompts, 1))
+
+
 def attention_window(needed_slots: int, capacity: int) -> int:
     """The cache slots a chunk attends to: `needed_slots` rounded up to a multiple of WINDOW_BLOCKS's share of
     the cache (at least MIN_WINDOW slots), at most `capacity`; so a chunk compiles for one of at most
@@ -629,9 +640,7 @@ class EmbeddedEngine(RolloutEngine):
         prompt_of_row = [unique_prompts.setdefault(tuple(ids), len(unique_prompts)) for ids, _ in rows]
         prompts = list(unique_prompts)
         rows_left = collections.Counter(prompt_of_row)  # per prompt, its rows not yet in a slot
-        num_slots = min(bucket(len(rows), 1), self.decode_slots or MAX_AUTO_SLOTS)
-        rows_per_prompt = -(-len(rows) // len(prompts))
-        prefill_batch = min(bucket(-(-num_slots // rows_per_prompt), 1), bucket(len(prompts), 1))
+        num_slots, prefill_batch = call_shapes(len(rows), len(prompts), self.decode_slots)
         width, max_steps = bucket(max(len(ids) for ids, _ in rows)), bucket(params.max_new_tokens)
         sampling, mode = self._sampling_args(params), _sampling_mode(params)
         slots = _empty_slots(self._config, num_slots, width + max_steps, max_steps, self._dtype,

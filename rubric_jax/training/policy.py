@@ -112,9 +112,9 @@ def rollout_model(graphdef: nnx.GraphDef, params: nnx.State, engine: str, *, ten
     process 0, for every process's server.
     Embedded: the weights in the decode layout over the learner's devices (`sharding.decode_mesh`:
     tensor-parallel within a process, `tensor` wide, None: as wide as the key/value heads allow), each process's
-    on its own devices alone, in the policy's
-    compute dtype (every matmul casts its weights to it, so the samples are those of the learner's float32
-    parameters, at half the bytes a decode step reads and a sync moves). One resharding copy of the learner's
+    on its own devices alone, in the policy's compute dtype (`rollout_dtype`: every matmul casts its weights to
+    it, so the samples are those of the learner's float32 parameters, at half the bytes a decode step reads and a
+    sync moves). One resharding copy of the learner's
     arrays (a collective: every process calls this), then each process's shards become a model of its own: each
     process samples its prompts on its chips, and a model larger than one chip samples."""
     if engine == "sglang":

@@ -9,10 +9,10 @@ weights' shard plus the cache in use. Conventions:
   host's chips, up to the largest count dividing both them and the key/value heads (a head is never split),
   "data" over the rest; the slots' rows split over "data", their cache's heads over "tensor"
   (`inference.embedded.slot_shardings`), the parameters by the partition rules.
-- Shapes are the engine's for one call of the step's rows (`inference.embedded`): `rollout.decode_slots` slots
-  (default: prompts_per_step x group_size rounded up to a power of two, at most 256), rounded up to a multiple of
-  "data"; each slot's cache holds P + N positions (the prompt width and max_new_tokens, each rounded up to a power
-  of two); the prefill takes G prompts at once as the engine does; the sampling mode is the config's.
+- Shapes are the engine's for one call of the step's rows (`inference.embedded`): the slots and prompts per
+  prefill the engine picks for them (`embedded.call_shapes`: the rows rounded up to a power of two, at most
+  `rollout.decode_slots` or 256), rounded up to a multiple of "data"; each slot's cache holds P + N positions
+  (the prompt width and max_new_tokens, each rounded up to a power of two); the sampling mode is the config's.
 - The decode step planned has every row half full (`fill`): it attends to the window the engine uses then
   (`attention_window` of that share of the cache plus a chunk), and the least it must read is the weights plus
   that share of the cache.
@@ -147,17 +147,16 @@ def plan_rollouts(config: RLConfig, model_config: ModelConfig, topology: str, *,
     rollout = config.rollout
     model = nnx.eval_shape(lambda: Decoder(model_config, rngs=nnx.Rngs(0), **policy.decoder_options(resolved.model)))
     graphdef, abstract_params = nnx.split(model)
-    params = jax.tree.map(lambda leaf, s: jax.ShapeDtypeStruct(leaf.shape, policy.rollout_dtype(leaf.dtype, model.dtype),
-                                                               sharding=s),
+    params = jax.tree.map(lambda leaf, s: jax.ShapeDtypeStruct(
+                              leaf.shape, policy.rollout_dtype(leaf.dtype, model.dtype), sharding=s),
                           abstract_params,
                           sharding.param_shardings(abstract_params, mesh, sharding.partition_rules(model_config)))
-    rows = rollout.prompts_per_step * rollout.group_size
-    slots = rollout.decode_slots or min(embedded.bucket(rows, 1), embedded.MAX_AUTO_SLOTS)
-    slots = -(-slots // data) * data
+    # The engine's shapes for a call of the step's rows, the slots and prefill prompts rounded up to split over
+    # "data".
+    slots, prefill_prompts = embedded.call_shapes(rollout.prompts_per_step * rollout.group_size,
+                                                  rollout.prompts_per_step, rollout.decode_slots)
+    slots, prefill_prompts = (-(-n // data) * data for n in (slots, prefill_prompts))
     width, max_steps = embedded.bucket(prompt_tokens), embedded.bucket(rollout.max_new_tokens)
-    prefill_prompts = min(embedded.bucket(-(-slots // rollout.group_size), 1),
-                          embedded.bucket(rollout.prompts_per_step, 1))
-    prefill_prompts = -(-prefill_prompts // data) * data
     mode = embedded._sampling_mode(embedded.SamplingParams(max_new_tokens=rollout.max_new_tokens,
                                                            temperature=rollout.temperature, top_p=rollout.top_p,
                                                            top_k=rollout.top_k))
@@ -182,7 +181,8 @@ def plan_rollouts(config: RLConfig, model_config: ModelConfig, topology: str, *,
         prefill_compiled = compile_stats(jax.jit(lambda p, t, m: embedded._prefill_prompts(graphdef, p, t, m)),
                                          params, prompt, prompt_mask)
     return RolloutPlan(
-        topology=topology, chip=chip, engine=rollout.engine, mesh=dict(mesh.shape), slots=slots, prompt_width=width, max_steps=max_steps,
+        topology=topology, chip=chip, engine=rollout.engine, mesh=dict(mesh.shape), slots=slots, prompt_width=width,
+        max_steps=max_steps,
         attended_slots=attended, fill=fill, prefill_prompts=prefill_prompts, weight_bytes=per_chip_bytes(params),
         cache_bytes=per_chip_bytes((abstract_slots.cache.k_bnsk, abstract_slots.cache.v_bnsk)),
         slot_state_bytes=per_chip_bytes(abstract_slots),

@@ -165,14 +165,24 @@ def test_rollouts_are_planned_in_the_decode_layout_and_read_the_cache_in_use(tmp
     assert "decode step, rows 50% full (attending to 1224 of 2176 slots)" in rollouts.report()
 
 
-def test_rollouts_bind_only_a_config_that_samples_with_the_embedded_engine(tmp_path, capsys):
-    """262144 slots' KV cache (32 GiB per chip) cannot fit a v5e chip: a run on the embedded engine exits 1 for it,
-    one that samples with SGLang is told what the embedded engine would need and exits 0."""
+def test_rollouts_bind_only_a_config_that_samples_with_the_embedded_engine(tmp_path, capsys, monkeypatch):
+    """Rollouts planned against an HBM that holds the weights alone (no slot fits): a run on the embedded engine
+    exits 1 for them, one that samples with SGLang is told what the embedded engine would need and exits 0."""
+    from rubric_jax.training import rollout_plan  # noqa: PLC0415
+
+    planned = rollout_plan.plan_rollouts
+
+    def starved(*args, **kwargs):
+        rollouts = planned(*args, **kwargs)
+        return dataclasses.replace(rollouts, chip=dataclasses.replace(rollouts.chip, hbm_bytes=rollouts.weight_bytes))
+
+    monkeypatch.setattr(rollout_plan, "plan_rollouts", starved)
     args = ["plan", _config_file(tmp_path), "learner.mesh.fsdp=4", "rollout.prompts_per_step=1",
-            "rollout.decode_slots=262144", "--topology", "v5e:2x2"]
+            "--topology", "v5e:2x2"]
     assert cli.main(args) == 1
     captured = capsys.readouterr()
     assert "rollouts DO NOT FIT" in captured.out and "the rollouts do not fit in v5e:2x2's HBM" in captured.err
+    assert "(at most 0 fit)" in captured.err
     assert cli.main(args[:2] + ["rollout.engine=sglang", "rollout.sglang_url=http://localhost:30000"] + args[2:]) == 0
     captured = capsys.readouterr()
     assert "this config samples with SGLang" in captured.out and "rollouts DO NOT FIT" in captured.out
