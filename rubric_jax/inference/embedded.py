@@ -21,10 +21,11 @@ decode slots B (`decode_slots`; by default the call's rows rounded up to a power
    engine's EOS ids or the call's `stop_token_ids`) or after its token budget; done slots feed masked padding.
    A chunk ends early once no slot is live. Its attention reads the cache's first slots only, a window covering
    the longest live row to the chunk's end (`attention_window`: multiples of 1/16 of the cache, at least 128
-   slots), so a step's HBM traffic follows the cache in use, not its capacity. Between chunks the host reads
-   which slots finished, hands their
-   rows' responses on, and refills those slots (1-3): a finished row leaves within CHUNK_STEPS steps, instead
-   of keeping its slot until the longest row of a static batch is done.
+   slots), so a step's HBM traffic follows the cache in use, not its capacity; a model that decodes by the
+   ragged kernel (`Decoder.decodes_ragged`, `model.attention: splash`) reads each row's own slots instead, with
+   no window. Between chunks the host reads which slots finished, hands their rows' responses on, and refills
+   those slots (1-3): a finished row leaves within CHUNK_STEPS steps, instead of keeping its slot until the
+   longest row of a static batch is done.
 Every row keeps its own random stream (5.), so the samples are those of the static-batch reference
 (`StaticEngine`: all rows prefilled and decoded together until the last is done; the tests compare the two):
 the same tokens and finish reasons, logprobs equal up to float summation order.
@@ -87,7 +88,7 @@ import numpy as np
 from flax import nnx
 
 from rubric_jax.inference.engine import Prompt, RolloutEngine, Sample, SamplingParams, prompt_token_ids, sample_seeds
-from rubric_jax.models import sharding
+from rubric_jax.models import attention, sharding
 from rubric_jax.models.config import ModelConfig
 from rubric_jax.models.decoder import Decoder, KVCache, init_cache
 
@@ -506,11 +507,22 @@ class EmbeddedEngine(RolloutEngine):
         self.seed = seed
         self.decode_slots = decode_slots
         self.weight_version = weight_version
+        self._serve(model)
+        self._num_calls = 0
+        self._lock = threading.Lock()
+
+    def _serve(self, model: Decoder) -> None:
         self._graphdef, self._state = nnx.split(model)
         self._mesh = _params_mesh(self._state)
         self._dtype = model.dtype
-        self._num_calls = 0
-        self._lock = threading.Lock()
+        # The ragged kernel reads each row's own slots: a window would only add compilations. It is the decode
+        # kernel of "splash" attention, whose prefill needs a multiple of its block.
+        self._windowed = not model.decodes_ragged()
+        self._min_width = MIN_BUCKET if self._windowed else attention.SPLASH_BLOCK
+
+    def _prompt_width(self, rows: Sequence[tuple[list[int], int]]) -> int:
+        """The call's prompt bucket: its longest prompt rounded up to a power of two (`bucket`)."""
+        return bucket(max(len(ids) for ids, _ in rows), self._min_width)
 
     def update_weights(self, model: Decoder, version: str) -> None:
         """Serves `model` (same config as the engine's model: ValueError otherwise) from the next call on."""
@@ -518,10 +530,8 @@ class EmbeddedEngine(RolloutEngine):
             raise ValueError(
                 f"update_weights needs a model with the engine's config {self._config}, got {model.config}"
             )
-        graphdef, state = nnx.split(model)
         with self._lock:
-            self._graphdef, self._state, self._dtype = graphdef, state, model.dtype
-            self._mesh = _params_mesh(state)
+            self._serve(model)
             self.weight_version = version
 
     async def agenerate(self, prompts: Sequence[Prompt], params: SamplingParams) -> list[Sample]:
@@ -641,7 +651,7 @@ class EmbeddedEngine(RolloutEngine):
         prompts = list(unique_prompts)
         rows_left = collections.Counter(prompt_of_row)  # per prompt, its rows not yet in a slot
         num_slots, prefill_batch = call_shapes(len(rows), len(prompts), self.decode_slots)
-        width, max_steps = bucket(max(len(ids) for ids, _ in rows)), bucket(params.max_new_tokens)
+        width, max_steps = self._prompt_width(rows), bucket(params.max_new_tokens)
         sampling, mode = self._sampling_args(params), _sampling_mode(params)
         slots = _empty_slots(self._config, num_slots, width + max_steps, max_steps, self._dtype,
                              params.penalized, self.pad_id)
@@ -684,7 +694,8 @@ class EmbeddedEngine(RolloutEngine):
             # A slot at step s feeds the token in cache slot P + s - 1; the chunk's last step attends to the slots
             # up to P + s - 2 + CHUNK_STEPS.
             longest = max(step_b[b] for b, row in enumerate(row_of_slot) if row is not None)
-            window = attention_window(width + longest + CHUNK_STEPS, width + max_steps)
+            window = attention_window(width + longest + CHUNK_STEPS, width + max_steps) if self._windowed \
+                else width + max_steps
             with self._on_mesh():
                 slots = _decode_chunk(self._graphdef, self._state, slots, *sampling, num_steps=CHUNK_STEPS,
                                       mode=mode, attended_slots=window)
@@ -730,7 +741,7 @@ class StaticEngine(EmbeddedEngine):
     def _decode(self, rows: Sequence[tuple[list[int], int]], params: SamplingParams):
         if not rows:
             return
-        batch, width = bucket(len(rows), 1), bucket(max(len(ids) for ids, _ in rows))
+        batch, width = bucket(len(rows), 1), self._prompt_width(rows)
         tokens_bp, mask_bp = self._left_padded([ids for ids, _ in rows], batch, width)
         budget_b, seed_b = np.zeros(batch, np.int32), np.zeros(batch, np.uint32)
         for b, (ids, seed) in enumerate(rows):

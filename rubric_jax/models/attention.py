@@ -15,8 +15,14 @@ Implementations (`Decoder(attention=...)`, a run's `model.attention`):
 - "auto": "splash" on TPU when the sequence is a multiple of SPLASH_BLOCK; "cudnn" on GPU when the activations are
   already 16-bit (never a silent precision change) and the head width suits it; else "xla".
 The platform is the current mesh's (`jax.set_mesh`), else the default backend's, read when the step is traced: a
-step compiled ahead of time for a TPU topology on a CPU host (`training.plan`) gets the TPU kernel. The KV-cache
-decoding path (the embedded sampler) is always XLA's.
+step compiled ahead of time for a TPU topology on a CPU host (`training.plan`) gets the TPU kernel.
+
+Decoding (a cached one-token step, the embedded sampler) has its own choice (`resolve_decode`): "splash" asks for
+the Pallas kernels, and a decode step then runs the ragged decode kernel (`ragged_decode`: each row reads its
+own cache blocks; interpret mode off TPU); every other implementation, "auto" included, decodes by XLA's einsums
+over the engine's attention window. "auto" keeps XLA's because that path's bytes are measured against the
+roofline in the compiled program (1.19x at the README's figures) while the kernel's step time on a chip, where
+each grid step's fixed cost counts at decode sizes, has not been measured yet.
 
 Axis letters as in `decoder`: b batch, t query positions, s key positions, h query heads, n key/value heads,
 k head width.
@@ -71,6 +77,12 @@ def resolve(name: str, length: int, *, head_width: int, dtype) -> str:
         raise ValueError(f"cudnn attention needs a head width that is a multiple of 8 and at most 128, "
                          f"got {head_width}")
     return name
+
+
+def resolve_decode(name: str) -> str:
+    """The kernel of a cached one-token step under implementation `name`: "ragged" for "splash", else "xla"
+    (module docstring)."""
+    return "ragged" if check_implementation(name) == "splash" else "xla"
 
 
 def _splash_kernel(num_heads: int, length: int, interpret: bool) -> splash.SplashAttentionKernel:

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from rubric_jax.models import attention
+from rubric_jax.models import attention, ragged_decode
 from rubric_jax.models.config import ModelConfig
 
 ShardActivations = Callable[[jax.Array, tuple[Optional[str], ...]], jax.Array]
@@ -109,6 +109,18 @@ def write_valid(valid_bs: jax.Array, valid_bt: jax.Array, end: jax.Array) -> jax
     written_bs = (offset_bs >= 0) & (offset_bs < valid_bt.shape[1])
     fed_bs = jnp.take_along_axis(valid_bt, jnp.clip(offset_bs, 0, valid_bt.shape[1] - 1), axis=1)
     return jnp.where(written_bs, fed_bs, valid_bs)
+
+
+@functools.partial(jax.tree_util.register_dataclass, data_fields=["valid_bs", "start_b", "end_b"], meta_fields=[])
+@dataclasses.dataclass(frozen=True)
+class DecodeRows:
+    """What the ragged decode kernel needs of a one-token cached step in place of a mask: the cache's validity
+    after this step's write, and per row the slots [start_b, end_b) that hold its tokens (the first valid slot,
+    and this step's slot + 1)."""
+
+    valid_bs: jax.Array
+    start_b: jax.Array
+    end_b: jax.Array
 
 
 def rope_inv_freq(config: ModelConfig) -> np.ndarray:
@@ -199,7 +211,8 @@ class Attention(nnx.Module):
     """Grouped-query self-attention with RoPE; Qwen3 adds RMSNorm on each query and key head before RoPE, and the
     projections' biases are the config's (`qkv_bias`: Qwen2 always, `o_proj_bias`). The biases are added before
     the norm and RoPE, as in transformers. `implementation` (`models.attention`) picks the full-sequence kernel;
-    the cached path is always XLA's."""
+    a cached one-token step (decoding) is XLA's over the attended slots, or the ragged Pallas kernel
+    (`ragged_decode`) when the implementation is "splash" (`attention.resolve_decode`)."""
 
     def __init__(self, config: ModelConfig, *, dtype, param_dtype, rngs: nnx.Rngs, implementation: str = "auto"):
         width, head_dim, qkv_bias = config.hidden_size, config.head_dim, config.qkv_bias
@@ -227,7 +240,8 @@ class Attention(nnx.Module):
     ) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
         """Returns the attention output [B, T, D] and the keys and values: this call's [B, KV, T, hd] without a
         cache, the cache buffers with this call's T entries written at `cache_end` with one. With a cache, the
-        queries attend to its first S slots, S = mask_bts.shape[-1] (the decoder's `attended_slots`)."""
+        queries attend to its first S slots, S = mask_bts.shape[-1] (the decoder's `attended_slots`); or, when
+        `mask_bts` is a `DecodeRows` (one token per row), each row to its own slots by the ragged kernel."""
         batch, length, _ = x_btd.shape
         q_bthk = self.q_proj(x_btd).reshape(batch, length, -1, self.head_dim)
         k_btnk = self.k_proj(x_btd).reshape(batch, length, self.num_kv_heads, self.head_dim)
@@ -243,6 +257,13 @@ class Attention(nnx.Module):
 
         # Query head h uses key/value head h // g (transformers' repeat_kv), so h splits as (n, g).
         q_btngk = q_bthk.reshape(batch, length, self.num_kv_heads, -1, self.head_dim)
+        if isinstance(mask_bts, DecodeRows):
+            # The cache as stored (no cast: a cast would copy it whole); the kernel reads each row's own blocks.
+            out_bngk = ragged_decode.ragged_decode_attention(
+                q_btngk[:, 0].astype(k_bnsk.dtype), k_bnsk, v_bnsk, mask_bts.valid_bs, mask_bts.start_b,
+                mask_bts.end_b)
+            out_btngk = out_bngk[:, None].astype(self.dtype)
+            return self.o_proj(out_btngk.reshape(batch, length, -1)), (k_bnsk, v_bnsk)
         keys_bnsk, values_bnsk = k_bnsk.astype(self.dtype), v_bnsk.astype(self.dtype)
         if cache_kv is not None:
             # A static slice the attention's fusions read in place: slots past it are never read.
@@ -383,7 +404,8 @@ class Decoder(nnx.Module):
         cached slot before them and to each other causally. `attended_slots` (static) limits the attention to the
         cache's first slots: the caller keeps every valid slot and this call's writes below it, and the step then
         reads that part of the cache alone, so a decode step's HBM traffic follows the cache in use, not its
-        capacity (the embedded engine's windows). None: all of them.
+        capacity (the embedded engine's windows). None: all of them. A one-token step by the ragged decode kernel
+        (`attention.resolve_decode`) reads each row's own slots instead, and takes no window.
         """
         return self._forward(tokens_bt, positions_bt, attention_mask_bt, cache, attended_slots, keep_kv=False)
 
@@ -407,7 +429,11 @@ class Decoder(nnx.Module):
             valid_bs = write_valid(cache.valid_bs, valid_bt, cache.end)
             # [1, T] with a shared end, [B, T] with one per row.
             slot_bt, end = jnp.atleast_1d(cache.end)[:, None] + jnp.arange(length), cache.end
-        if cache is None and self._fused_attention(length):
+        if cache is not None and length == 1 and self.decodes_ragged():
+            end_b = jnp.broadcast_to(cache.end + 1, valid_bs.shape[:1])
+            mask_bts = DecodeRows(valid_bs=valid_bs, start_b=jnp.argmax(valid_bs, axis=1).astype(jnp.int32),
+                                  end_b=end_b)
+        elif cache is None and self._fused_attention(length):
             # A fused kernel reads only each key's validity (the last query's row of the causal mask), so the
             # [B, T, T] mask is never built: a loop over scanned layers would keep it as a constant.
             mask_bts = valid_bt[:, None, :]
@@ -438,6 +464,11 @@ class Decoder(nnx.Module):
         """Whether the layers attend to a full sequence of `length` tokens with a fused kernel (not "xla")."""
         attend = self.layers[0].self_attn
         return attention.resolve(attend.implementation, length, head_width=attend.head_dim, dtype=self.dtype) != "xla"
+
+    def decodes_ragged(self) -> bool:
+        """Whether a cached one-token step attends by the ragged decode kernel (`attention.resolve_decode`), which
+        reads each row's own slots and takes no `attended_slots` window."""
+        return attention.resolve_decode(self.layers[0].self_attn.implementation) == "ragged"
 
     def _scanned_layers(self, x_btd, cos_btk, sin_btk, mask_bts) -> jax.Array:
         """The residual stream after every layer, as a `lax.scan` over the layers' stacked parameters (the

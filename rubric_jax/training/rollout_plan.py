@@ -15,14 +15,16 @@ weights' shard plus the cache in use. Conventions:
   (the prompt width and max_new_tokens, each rounded up to a power of two); the sampling mode is the config's.
 - The decode step planned has every row half full (`fill`): it attends to the window the engine uses then
   (`attention_window` of that share of the cache plus a chunk), and the least it must read is the weights plus
-  that share of the cache.
+  that share of the cache. A model that decodes by the ragged Pallas kernel (`model.attention: splash`,
+  `models.ragged_decode`) is planned as compiled, but `hbm_traffic` counts a custom call's operands whole: its
+  step's bytes are then an upper bound that counts the whole cache, not the blocks in use the kernel reads.
 - Weights are held in the compute dtype where it is narrower than the parameters' (`policy.rollout_model`:
   bfloat16 for a float32 policy with bfloat16 activations), and a weight sync moves those bytes per chip.
 - The throughput bound is rows / (bytes read per chip / HBM bandwidth): tokens per second at the roofline.
 """
 
 import dataclasses
-from typing import Any, Optional
+from typing import Optional
 
 import jax
 import jax.numpy as jnp

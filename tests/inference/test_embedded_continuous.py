@@ -20,6 +20,7 @@ from flax import nnx
 from rubric_jax.inference import embedded
 from rubric_jax.inference.embedded import EmbeddedEngine, StaticEngine
 from rubric_jax.inference.engine import SamplingParams
+from rubric_jax.models import ragged_decode
 from rubric_jax.models.decoder import Decoder
 from rubric_jax.models.tokenizer import load_tokenizer
 from tests.inference.test_embedded import LOGP_TOL, PENALTIES, PROMPTS, _flat_model
@@ -125,19 +126,25 @@ def test_stream_groups_raises_the_calls_errors(model):
         asyncio.run(stream())
 
 
-def test_chunks_attend_to_windows_of_the_cache_in_use(tiny_qwen3_dir, monkeypatch):
+@pytest.fixture
+def windows(monkeypatch) -> list[int]:
+    """The attention window of every decode chunk run while the test runs."""
+    attended = []
+    chunk = embedded._decode_chunk
+
+    def recording(*args, attended_slots, **kwargs):
+        attended.append(attended_slots)
+        return chunk(*args, attended_slots=attended_slots, **kwargs)
+
+    monkeypatch.setattr(embedded, "_decode_chunk", recording)
+    return attended
+
+
+def test_chunks_attend_to_windows_of_the_cache_in_use(tiny_qwen3_dir, monkeypatch, windows):
     """With windows of 16 slots (MIN_WINDOW lowered from its 128), rows of up to 64 tokens are decoded in chunks
     that attend to growing windows of the cache, not the whole of it, and the samples are the static reference's,
     which attends to every slot."""
     monkeypatch.setattr(embedded, "MIN_WINDOW", 16)
-    windows = []
-    chunk = embedded._decode_chunk
-
-    def recording(*args, attended_slots, **kwargs):
-        windows.append(attended_slots)
-        return chunk(*args, attended_slots=attended_slots, **kwargs)
-
-    monkeypatch.setattr(embedded, "_decode_chunk", recording)
     model = _flat_model(str(tiny_qwen3_dir))
     params = dataclasses.replace(SAMPLED, max_new_tokens=64, n=2, stop_token_ids=MANY_STOPS[::4])
     continuous = EmbeddedEngine(model, decode_slots=SLOTS, eos_token_ids=()).generate(MIXED_PROMPTS, params)
@@ -145,6 +152,23 @@ def test_chunks_attend_to_windows_of_the_cache_in_use(tiny_qwen3_dir, monkeypatc
     capacity = 32 + 64  # the 20-token prompt's width bucket and the budget's
     assert max(len(s.output_ids) for s in continuous) > 32
     assert min(windows) == 64 and max(windows) == capacity and len(set(windows)) == 3
+
+
+def test_the_ragged_decode_kernel_samples_as_the_xla_path(tiny_qwen3_dir, monkeypatch, windows):
+    """A model that decodes by the ragged Pallas kernel (`attention="splash"`, interpret mode here) in the
+    continuous engine, blocks of 16 slots: prompts of 3 to 111 tokens, all in a 128-wide bucket (splash's
+    prefill needs a multiple of its block), start mid-block; the samples are the static XLA reference's, and
+    chunks take no window."""
+    monkeypatch.setattr(ragged_decode, "BLOCK_SLOTS", 16)
+    xla = _flat_model(str(tiny_qwen3_dir))
+    splash = Decoder(xla.config, rngs=nnx.Rngs(0), attention="splash")
+    nnx.update(splash, nnx.state(xla))
+    prompts = [*MIXED_PROMPTS, list(range(50, 161))]
+    params = dataclasses.replace(SAMPLED, max_new_tokens=16, n=2)
+    continuous = EmbeddedEngine(splash, decode_slots=SLOTS, eos_token_ids=()).generate(prompts, params)
+    assert_same_samples(continuous, StaticEngine(xla, eos_token_ids=()).generate(prompts, params))
+    assert len({len(s.output_ids) for s in continuous}) > 1
+    assert set(windows) == {128 + 16}  # the whole cache: the kernel bounds each row's reads itself
 
 
 def test_a_window_is_a_multiple_of_its_block_and_never_past_the_cache():

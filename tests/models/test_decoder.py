@@ -221,6 +221,28 @@ def test_per_row_ends_write_and_attend_at_each_rows_own_slot(qwen3):
         np.testing.assert_array_equal(cache.valid_bs[b], expected_s)
 
 
+def test_ragged_decode_kernel_attends_as_the_xla_path(qwen3):
+    """The ragged Pallas decode kernel (`attention="splash"`, interpret mode on CPU) against the XLA path on the
+    same weights and cache: left-padded prompts, rows whose ends are moved apart (unwritten, invalid slots inside
+    their range), and a step in which one row feeds a padded token. Each row's logits and the caches agree."""
+    splash = Decoder(qwen3.config, rngs=nnx.Rngs(0), attention="splash")
+    nnx.update(splash, nnx.state(qwen3.decoder))
+    prompt_bt, positions_bt, prompt_mask_bt = padded_batch(2, lengths=[8, 5, 3], width=8, padding="left")
+    xla_cache = init_cache(qwen3.config, batch_size=3, max_len=16, per_row_end=True)
+    _, xla_cache = run(qwen3.decoder, prompt_bt, positions_bt, prompt_mask_bt, xla_cache)
+    xla_cache = ragged_cache = dataclasses.replace(xla_cache, end=xla_cache.end + np.array([0, 2, 4]))
+    tokens_bt = np.random.default_rng(4).integers(0, VOCAB_SIZE, (3, 3))
+    fed_bt = np.array([[True, True, True], [True, False, True], [True, True, True]])
+    for t in range(3):
+        args = (tokens_bt[:, t:t + 1], positions_bt[:, -1:] + 1 + t, fed_bt[:, t:t + 1])
+        xla_btv, xla_cache = run(qwen3.decoder, *args, xla_cache)
+        ragged_btv, ragged_cache = run(splash, *args, ragged_cache)
+        real_b = fed_bt[:, t]  # a padded query's output is discarded (zeros from the kernel, a mean from XLA)
+        np.testing.assert_allclose(ragged_btv[real_b], xla_btv[real_b], **CACHE_TOL)
+        for xla_leaf, ragged_leaf in zip(jax.tree.leaves(xla_cache), jax.tree.leaves(ragged_cache)):
+            np.testing.assert_allclose(ragged_leaf, xla_leaf, **CACHE_TOL)
+
+
 # ---------------------------------------------------------------- dtypes and remat
 
 
