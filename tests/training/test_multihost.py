@@ -29,6 +29,9 @@ from rubric_jax.training.checkpoint import Checkpointer
 from rubric_jax.training.metrics import read_metrics
 from tests.training.toy_task import toy_task
 
+# Timing-bound (heartbeat and start-up timeouts of several processes): run alone, after the parallel run.
+pytestmark = pytest.mark.serial
+
 ROOT = Path(__file__).resolve().parents[2]
 STEPS, KILLED_AFTER = 3, 2
 TIMEOUT_S = 240

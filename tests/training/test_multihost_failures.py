@@ -32,6 +32,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+# Timing-bound (heartbeat and start-up timeouts of several processes): run alone, after the parallel run.
+pytestmark = pytest.mark.serial
+
 ROOT = Path(__file__).resolve().parents[2]
 HEARTBEAT_S = 5
 INIT_S = 30  # a peer that starts late is waited for this long
