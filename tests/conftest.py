@@ -27,8 +27,22 @@ from tests.tiny_checkpoints import (  # noqa: E402,F401
     tiny_qwen2_dir,
     tiny_qwen2_untied_dir,
     tiny_qwen3_dir,
+    tiny_qwen3_moe_dir,
     tiny_qwen3_untied_dir,
 )
+
+
+# The longest files (minutes each on a 2-core machine), collected first: the README's test command hands whole files
+# to two workers in collection order (pytest-xdist's loadfile), and a long file handed out last leaves one worker
+# idle while the other finishes it.
+LONGEST_FILES = ("tests/test_quickstart.py", "tests/training/test_plan.py", "tests/training/test_resume.py",
+                 "tests/training/test_dataset_runs.py", "tests/test_extending.py", "tests/algorithms/test_evorubric.py",
+                 "tests/models/test_train_step.py", "tests/training/test_critic.py", "tests/training/test_overlap.py")
+
+
+def pytest_collection_modifyitems(session, config, items):
+    rank = {name: i for i, name in enumerate(LONGEST_FILES)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))
 
 
 def pytest_collection_finish(session):

@@ -83,8 +83,8 @@ def _redraw_weights(model: torch.nn.Module) -> None:
                 param.copy_(1.0 + 0.2 * torch.randn_like(param))
             elif "embed_tokens" in name:
                 param.normal_(0.0, 1.0)
-            else:  # a Linear weight [out, in]: unit-variance outputs for unit-variance inputs
-                param.normal_(0.0, param.shape[1] ** -0.5)
+            else:  # a Linear weight [out, in] (or experts' [E, out, in]): unit-variance outputs for unit inputs
+                param.normal_(0.0, param.shape[-1] ** -0.5)
 
 
 def _save_tiny_model(tmp_path_factory, name: str, config: transformers.PretrainedConfig):
@@ -109,6 +109,16 @@ def tiny_qwen3_untied_dir(tmp_path_factory):
     """Qwen3 with a separate lm_head (as Qwen3-8B and up)."""
     config = transformers.Qwen3Config(**SHAPES, tie_word_embeddings=False, max_position_embeddings=512)
     return _save_tiny_model(tmp_path_factory, "tiny_qwen3_untied", config)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_moe_dir(tmp_path_factory):
+    """Qwen3-MoE: 4 experts of width 32, 2 per token, renormalised (as Qwen3-30B-A3B), layer 1 kept dense
+    (`mlp_only_layers`) so both MLPs are read; an untied lm_head."""
+    config = transformers.Qwen3MoeConfig(**SHAPES, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                                         norm_topk_prob=True, mlp_only_layers=[1], tie_word_embeddings=False,
+                                         max_position_embeddings=512)
+    return _save_tiny_model(tmp_path_factory, "tiny_qwen3_moe", config)
 
 
 @pytest.fixture(scope="session")

@@ -11,12 +11,16 @@ Conventions:
 - Supported RoPE types: "default" (`rope_scaling` None) and "llama3" (`Llama3RopeScaling`). Anything the decoder
   does not implement (another model type or RoPE type, sliding-window attention, MLP bias, an activation other
   than SiLU, partial rotary embeddings) is a ValueError naming it, never silently ignored.
-- The families differ in their attention only (transformers' `Qwen3Attention`, `Qwen2Attention`,
+- The dense families differ in their attention only (transformers' `Qwen3Attention`, `Qwen2Attention`,
   `LlamaAttention`): qwen3 normalises each query and key head (`qk_norm`); qwen2 always has q/k/v biases and no
   o_proj bias (`qkv_bias`, `o_proj_bias`; `attention_bias`, a key transformers' Qwen2 ignores, must be unset);
   qwen3 and llama have biases on all four projections exactly when `attention_bias` is set. Sliding-window
   attention, which Qwen2 and Qwen3 configs can switch on (`use_sliding_window`; the Qwen2.5 and Qwen3 checkpoints
   the papers train ship it off), is refused.
+- qwen3_moe (Qwen3-MoE, `Qwen3MoeForCausalLM`) is qwen3's attention with a mixture-of-experts MLP in every layer
+  that `sparse_layer` names (transformers' rule: not in `mlp_only_layers`, and (i + 1) a multiple of
+  `decoder_sparse_step`); the other layers keep the dense MLP of `intermediate_size` (`models.moe`).
+  `router_aux_loss_coef` and `output_router_logits` are training settings, not architecture: they are ignored here.
 - Keys a config.json may leave out take the transformers config class's default: rope_theta 10000 and
   rms_norm_eps 1e-6 for every family, max_position_embeddings 32768 (qwen2, qwen3) or 2048 (llama).
 """
@@ -26,10 +30,14 @@ import json
 import os
 from typing import Any, Mapping, Optional, Union
 
-ARCHITECTURES = {"qwen3": "Qwen3ForCausalLM", "qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM"}
+ARCHITECTURES = {"qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                 "llama": "LlamaForCausalLM"}
 
 # The Hugging Face config classes' defaults for keys a config.json may leave out.
-_HF_DEFAULT_MAX_POSITIONS = {"qwen3": 32768, "qwen2": 32768, "llama": 2048}
+_HF_DEFAULT_MAX_POSITIONS = {"qwen3": 32768, "qwen3_moe": 32768, "qwen2": 32768, "llama": 2048}
+# Qwen3MoeConfig's defaults for its mixture-of-experts keys.
+_HF_DEFAULT_MOE = {"num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768,
+                   "norm_topk_prob": False, "decoder_sparse_step": 1, "mlp_only_layers": ()}
 _HF_DEFAULT_RMS_NORM_EPS = 1e-6
 _HF_DEFAULT_ROPE_THETA = 10000.0
 
@@ -72,6 +80,8 @@ class ModelConfig:
     `attention_bias` (the module docstring); a qwen2 config with `attention_bias` set is a ValueError, since
     transformers' Qwen2 ignores the key and a checkpoint written for it would not be one.
     `eos_token_id` is an int or a tuple of ints (Llama 3 Instruct lists several), as in the config.json.
+    The mixture-of-experts fields (`num_experts` and on) are qwen3_moe's (module docstring): zero experts for the
+    dense families.
     """
 
     model_type: str
@@ -91,6 +101,12 @@ class ModelConfig:
     bos_token_id: Optional[int] = None
     eos_token_id: Optional[Union[int, tuple[int, ...]]] = None
     pad_token_id: Optional[int] = None
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple[int, ...] = ()
 
     def __post_init__(self):
         if self.model_type not in ARCHITECTURES:
@@ -118,10 +134,31 @@ class ModelConfig:
         if isinstance(self.eos_token_id, list):
             # A frozen dataclass must stay hashable (it is static under jit): lists become tuples.
             object.__setattr__(self, "eos_token_id", tuple(self.eos_token_id))
+        object.__setattr__(self, "mlp_only_layers", tuple(self.mlp_only_layers))
+        self._check_experts()
+
+    def _check_experts(self) -> None:
+        if self.model_type != "qwen3_moe":
+            if self.num_experts:
+                raise ValueError(f"model_type {self.model_type!r} has no experts, got num_experts={self.num_experts}")
+            return
+        if not 0 < self.num_experts_per_tok <= self.num_experts:
+            raise ValueError(f"qwen3_moe needs 0 < num_experts_per_tok <= num_experts, got "
+                             f"{self.num_experts_per_tok} of {self.num_experts}")
+        if self.moe_intermediate_size <= 0 or self.decoder_sparse_step <= 0:
+            raise ValueError(f"moe_intermediate_size and decoder_sparse_step must be positive, got "
+                             f"{self.moe_intermediate_size} and {self.decoder_sparse_step}")
+        if any(not 0 <= i < self.num_layers for i in self.mlp_only_layers):
+            raise ValueError(f"mlp_only_layers must name layers in [0, {self.num_layers}), got {self.mlp_only_layers}")
+
+    def sparse_layer(self, index: int) -> bool:
+        """Whether layer `index` has the mixture-of-experts MLP (transformers' Qwen3MoeDecoderLayer rule)."""
+        return (self.num_experts > 0 and index not in self.mlp_only_layers
+                and (index + 1) % self.decoder_sparse_step == 0)
 
     @property
     def qk_norm(self) -> bool:
-        return self.model_type == "qwen3"
+        return self.model_type in ("qwen3", "qwen3_moe")
 
     @property
     def qkv_bias(self) -> bool:
@@ -169,6 +206,7 @@ class ModelConfig:
             bos_token_id=d.get("bos_token_id"),
             eos_token_id=d.get("eos_token_id"),
             pad_token_id=d.get("pad_token_id"),
+            **(_read_experts(d) if model_type == "qwen3_moe" else {}),
         )
 
     @classmethod
@@ -207,6 +245,10 @@ class ModelConfig:
             "bos_token_id": self.bos_token_id,
             "eos_token_id": list(self.eos_token_id) if isinstance(self.eos_token_id, tuple) else self.eos_token_id,
             "pad_token_id": self.pad_token_id,
+            **({"num_experts": self.num_experts, "num_experts_per_tok": self.num_experts_per_tok,
+                "moe_intermediate_size": self.moe_intermediate_size, "norm_topk_prob": self.norm_topk_prob,
+                "decoder_sparse_step": self.decoder_sparse_step, "mlp_only_layers": list(self.mlp_only_layers)}
+               if self.model_type == "qwen3_moe" else {}),
         }
 
 
@@ -224,6 +266,14 @@ def _reject_unsupported_features(d: Mapping[str, Any]) -> None:
             "no layer can set use_sliding_window to false")
     if d.get("mlp_bias"):
         raise ValueError("unsupported mlp_bias=True; the MLP projections have no bias")
+
+
+def _read_experts(d: Mapping[str, Any]) -> dict[str, Any]:
+    """qwen3_moe's expert fields of a config dict, Qwen3MoeConfig's defaults for absent keys. The expert count is
+    `num_experts` in the published checkpoints and `num_local_experts` in what transformers 5 writes."""
+    read = {key: d.get(key, default) for key, default in _HF_DEFAULT_MOE.items()}
+    read["num_experts"] = d.get("num_experts", d.get("num_local_experts", _HF_DEFAULT_MOE["num_experts"]))
+    return {**read, "norm_topk_prob": bool(read["norm_topk_prob"]), "mlp_only_layers": tuple(read["mlp_only_layers"])}
 
 
 def _read_rope(d: Mapping[str, Any], max_positions: int) -> tuple[float, Optional[Llama3RopeScaling]]:
@@ -277,6 +327,11 @@ MODEL_PRESETS: Mapping[str, ModelConfig] = {
     "Qwen3-8B": _qwen3(4096, 12288, 36, 32, tied=False),
     "Qwen3-14B": _qwen3(5120, 17408, 40, 40, tied=False),
     "Qwen3-32B": _qwen3(5120, 25600, 64, 64, tied=False),
+    # SRaR's alternative judge; 128 experts of width 768, 8 per token, renormalised, in every layer.
+    "Qwen3-30B-A3B": ModelConfig(
+        model_type="qwen3_moe", vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_layers=48,
+        num_heads=32, num_kv_heads=4, head_dim=128, max_position_embeddings=40960, rope_theta=1e6,
+        num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768, norm_topk_prob=True),
     "Llama-3.1-8B": ModelConfig(
         model_type="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32,
         num_heads=32, num_kv_heads=8, head_dim=128, max_position_embeddings=131072, rms_norm_eps=1e-5,

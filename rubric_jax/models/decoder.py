@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from rubric_jax.models import attention, ragged_decode
+from rubric_jax.models import attention, moe, ragged_decode
 from rubric_jax.models.config import ModelConfig
 
 ShardActivations = Callable[[jax.Array, tuple[Optional[str], ...]], jax.Array]
@@ -323,15 +323,48 @@ class MLP(nnx.Module):
         return self.down_proj(h_btf)
 
 
-class DecoderLayer(nnx.Module):
-    """Pre-norm block: x + attn(norm(x)), then x + mlp(norm(x))."""
+class Experts(nnx.Module):
+    """The experts' SwiGLU weights, stacked per expert, input dimension first (`models.moe`): gate_edf, up_edf
+    [E, D, F] and down_efd [E, F, D]."""
 
-    def __init__(self, config: ModelConfig, *, dtype, param_dtype, rngs: nnx.Rngs, attention: str = "auto"):
+    def __init__(self, config: ModelConfig, *, param_dtype, rngs: nnx.Rngs):
+        experts, width, hidden = config.num_experts, config.hidden_size, config.moe_intermediate_size
+        self.gate_edf = nnx.Param(_INIT(rngs.params(), (experts, width, hidden), param_dtype))
+        self.up_edf = nnx.Param(_INIT(rngs.params(), (experts, width, hidden), param_dtype))
+        self.down_efd = nnx.Param(_INIT(rngs.params(), (experts, hidden, width), param_dtype))
+
+
+class SparseMoE(nnx.Module):
+    """Qwen3-MoE's mixture-of-experts MLP (transformers' `Qwen3MoeSparseMoeBlock`): a bias-free router `gate` to
+    E logits, each token's top-k experts (`moe.route_top_k`, renormalised by `norm_topk_prob`), and their SwiGLU
+    outputs summed with the routing weights by grouped matmuls (`moe.experts_swiglu`), in `dtype`."""
+
+    def __init__(self, config: ModelConfig, *, dtype, param_dtype, rngs: nnx.Rngs):
+        self.gate = Linear(config.hidden_size, config.num_experts, use_bias=False, dtype=dtype,
+                           param_dtype=param_dtype, rngs=rngs)
+        self.experts = Experts(config, param_dtype=param_dtype, rngs=rngs)
+        self.top_k, self.normalize, self.dtype = config.num_experts_per_tok, config.norm_topk_prob, dtype
+
+    def __call__(self, x_btd: jax.Array) -> jax.Array:
+        x_td = x_btd.reshape(-1, x_btd.shape[-1]).astype(self.dtype)
+        weights_tk, experts_tk = moe.route_top_k(self.gate(x_td), self.top_k, normalize=self.normalize)
+        cast = lambda param: param[...].astype(self.dtype)  # noqa: E731
+        out_td = moe.experts_swiglu(x_td, weights_tk, experts_tk, cast(self.experts.gate_edf),
+                                    cast(self.experts.up_edf), cast(self.experts.down_efd))
+        return out_td.reshape(x_btd.shape)
+
+
+class DecoderLayer(nnx.Module):
+    """Pre-norm block: x + attn(norm(x)), then x + mlp(norm(x)); the MLP is a mixture of experts in the layers
+    `config.sparse_layer` names (qwen3_moe)."""
+
+    def __init__(self, config: ModelConfig, *, dtype, param_dtype, rngs: nnx.Rngs, attention: str = "auto",
+                 sparse: bool = False):
         dtypes = dict(dtype=dtype, param_dtype=param_dtype)
         self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps, **dtypes)
         self.self_attn = Attention(config, rngs=rngs, implementation=attention, **dtypes)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps, **dtypes)
-        self.mlp = MLP(config, rngs=rngs, **dtypes)
+        self.mlp = SparseMoE(config, rngs=rngs, **dtypes) if sparse else MLP(config, rngs=rngs, **dtypes)
 
     def __call__(self, x_btd, cos_btk, sin_btk, mask_bts, cache_kv=None, cache_end=None):
         """Returns the new residual stream [B, T, D] and the attention's keys and values (see `Attention`)."""
@@ -381,8 +414,13 @@ class Decoder(nnx.Module):
         self.scan_layers = scan_layers
         self.shard_activations = shard_activations
         self.embed_tokens = nnx.Embed(config.vocab_size, config.hidden_size, embedding_init=_INIT, rngs=rngs, **dtypes)
-        self.layers = nnx.List([DecoderLayer(config, rngs=rngs, attention=attention, **dtypes)
-                                for _ in range(config.num_layers)])
+        if scan_layers and len({config.sparse_layer(i) for i in range(config.num_layers)}) > 1:
+            raise ValueError("scan_layers needs layers of one structure; this config mixes dense and "
+                             f"mixture-of-experts layers (mlp_only_layers={config.mlp_only_layers}, "
+                             f"decoder_sparse_step={config.decoder_sparse_step})")
+        self.layers = nnx.List([DecoderLayer(config, rngs=rngs, attention=attention, sparse=config.sparse_layer(i),
+                                             **dtypes)
+                                for i in range(config.num_layers)])
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps, **dtypes)
         if config.tie_word_embeddings:
             self.lm_head = None

@@ -39,7 +39,7 @@ import struct
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, NamedTuple, Optional, Union
 
 import jax
 import jax.numpy as jnp
@@ -60,8 +60,19 @@ INDEX_NAME = "model.safetensors.index.json"
 CONFIG_NAME = "config.json"
 
 NnxPath = tuple[Union[str, int], ...]
-# HF tensor name -> (NNX state path, whether the HF tensor is the transpose of the NNX parameter).
-HfNameTable = dict[str, tuple[NnxPath, bool]]
+
+
+class HfTensor(NamedTuple):
+    """Where an HF tensor lives in the Decoder: its NNX state path, whether the HF tensor is the transpose of the
+    NNX parameter (or of its slice), and, for a parameter stacked over experts ([E, ...], `decoder.Experts`), the
+    expert whose slice [expert] it is (None: the whole parameter)."""
+
+    path: NnxPath
+    transpose: bool
+    expert: Optional[int] = None
+
+
+HfNameTable = dict[str, HfTensor]
 
 _SAFETENSORS_DTYPES = {
     np.dtype(np.float64): "F64",
@@ -76,26 +87,35 @@ _IGNORED_TENSORS = re.compile(r"^model\.layers\.\d+\.self_attn\.rotary_emb\.inv_
 
 
 def hf_name_table(config: ModelConfig) -> HfNameTable:
-    """Every HF tensor of a `config` model, in transformers' state-dict order, mapped to its NNX state path and
-    whether it is stored transposed ([out, in] in the file, [in, out] in the Decoder)."""
-    table: HfNameTable = {"model.embed_tokens.weight": (("embed_tokens", "embedding"), False)}
+    """Every HF tensor of a `config` model, in transformers' state-dict order, mapped to its place in the Decoder
+    (`HfTensor`: NNX state path, whether it is stored transposed ([out, in] in the file, [in, out] in the
+    Decoder), and a stacked expert parameter's expert). Experts are stored one tensor per expert and projection,
+    as the published Qwen3-MoE checkpoints are (transformers fuses them only in memory)."""
+    table: HfNameTable = {"model.embed_tokens.weight": HfTensor(("embed_tokens", "embedding"), False)}
     for i in range(config.num_layers):
         hf, path = f"model.layers.{i}", ("layers", i)
         for proj, bias in (("q_proj", config.qkv_bias), ("k_proj", config.qkv_bias), ("v_proj", config.qkv_bias),
                            ("o_proj", config.o_proj_bias)):
-            table[f"{hf}.self_attn.{proj}.weight"] = (path + ("self_attn", proj, "kernel"), True)
+            table[f"{hf}.self_attn.{proj}.weight"] = HfTensor(path + ("self_attn", proj, "kernel"), True)
             if bias:
-                table[f"{hf}.self_attn.{proj}.bias"] = (path + ("self_attn", proj, "bias"), False)
+                table[f"{hf}.self_attn.{proj}.bias"] = HfTensor(path + ("self_attn", proj, "bias"), False)
         if config.qk_norm:
             for norm in ("q_norm", "k_norm"):
-                table[f"{hf}.self_attn.{norm}.weight"] = (path + ("self_attn", norm, "scale"), False)
-        for proj in ("gate_proj", "up_proj", "down_proj"):
-            table[f"{hf}.mlp.{proj}.weight"] = (path + ("mlp", proj, "kernel"), True)
+                table[f"{hf}.self_attn.{norm}.weight"] = HfTensor(path + ("self_attn", norm, "scale"), False)
+        if config.sparse_layer(i):
+            table[f"{hf}.mlp.gate.weight"] = HfTensor(path + ("mlp", "gate", "kernel"), True)
+            for j in range(config.num_experts):
+                for proj, stacked in (("gate_proj", "gate_edf"), ("up_proj", "up_edf"), ("down_proj", "down_efd")):
+                    table[f"{hf}.mlp.experts.{j}.{proj}.weight"] = HfTensor(path + ("mlp", "experts", stacked),
+                                                                             True, j)
+        else:
+            for proj in ("gate_proj", "up_proj", "down_proj"):
+                table[f"{hf}.mlp.{proj}.weight"] = HfTensor(path + ("mlp", proj, "kernel"), True)
         for norm in ("input_layernorm", "post_attention_layernorm"):
-            table[f"{hf}.{norm}.weight"] = (path + (norm, "scale"), False)
-    table["model.norm.weight"] = (("norm", "scale"), False)
+            table[f"{hf}.{norm}.weight"] = HfTensor(path + (norm, "scale"), False)
+    table["model.norm.weight"] = HfTensor(("norm", "scale"), False)
     if not config.tie_word_embeddings:
-        table["lm_head.weight"] = (("lm_head", "kernel"), True)
+        table["lm_head.weight"] = HfTensor(("lm_head", "kernel"), True)
     return table
 
 
@@ -106,7 +126,7 @@ def _hf_shape(nnx_shape: Sequence[int], transpose: bool) -> tuple[int, ...]:
 def _check_table_covers(table: HfNameTable, params: Mapping[NnxPath, Any]) -> None:
     """The table and the Decoder's parameters must name the same paths: a parameter without an HF name would be
     silently left at its init on load and dropped on save."""
-    table_paths = {path for path, _ in table.values()}
+    table_paths = {entry.path for entry in table.values()}
     unnamed = sorted(map(str, set(params) - table_paths))
     absent = sorted(map(str, table_paths - set(params)))
     if unnamed or absent:
@@ -161,22 +181,43 @@ def _check_tensor_names(table: HfNameTable, names: Sequence[str], config: ModelC
         )
 
 
-def _read_sharded(handle: Any, shape: tuple[int, ...], dtype: Any, transpose: bool, sharding: jax.sharding.Sharding
+BlockReader = Callable[[tuple[slice, ...]], np.ndarray]
+
+
+def _tensor_reader(handle: Any, transpose: bool) -> BlockReader:
+    """Reads the block `index` (in the NNX layout) of the tensor behind `handle`."""
+    return lambda index: handle[index[::-1]].T if transpose else handle[index]
+
+
+def _stacked_reader(handles: Sequence[Any], transpose: bool) -> BlockReader:
+    """Reads the block `index` of a parameter stacked over experts ([E, ...]) from one tensor per expert."""
+    readers = [_tensor_reader(handle, transpose) for handle in handles]
+    return lambda index: np.stack([readers[e](index[1:]) for e in range(len(readers))[index[0]]])
+
+
+def _read_sharded(read: BlockReader, shape: tuple[int, ...], dtype: Any, sharding: jax.sharding.Sharding
                   ) -> jax.Array:
-    """The tensor behind `handle` as a jax.Array of `shape` (the NNX layout), `dtype` and `sharding`. Each
-    addressable device's slice is read from the file on its own (devices holding the same slice share one read),
-    so the host holds at most this process's distinct slices of one tensor: the whole tensor only when
+    """The parameter `read` reads as a jax.Array of `shape` (the NNX layout), `dtype` and `sharding`. Each
+    addressable device's slice is read from the files on its own (devices holding the same slice share one read),
+    so the host holds at most this process's distinct slices of one parameter: the whole of it only when
     it is replicated."""
     blocks: dict[tuple, np.ndarray] = {}
 
     def read_block(index: tuple[slice, ...]) -> np.ndarray:
         key = tuple((s.start, s.stop, s.step) for s in index)
         if key not in blocks:
-            block = handle[index[::-1]].T if transpose else handle[index]
-            blocks[key] = block.astype(dtype, copy=False)
+            blocks[key] = read(index).astype(dtype, copy=False)
         return blocks[key]
 
     return jax.make_array_from_callback(shape, sharding, read_block)
+
+
+def _by_parameter(table: HfNameTable) -> dict[NnxPath, list[tuple[str, HfTensor]]]:
+    """The table's entries grouped by NNX parameter, in table order (a stacked parameter's experts in order)."""
+    grouped: dict[NnxPath, list[tuple[str, HfTensor]]] = {}
+    for name, entry in table.items():
+        grouped.setdefault(entry.path, []).append((name, entry))
+    return grouped
 
 
 def load_hf_checkpoint(
@@ -207,21 +248,23 @@ def load_hf_checkpoint(
     _check_table_covers(table, variables)
     with _open_tensors(directory) as handles:
         _check_tensor_names(table, list(handles), config, directory)
-        for name, (path, transpose) in table.items():
+        for path, entries in _by_parameter(table).items():
             leaf = variables[path].get_value()
-            file_shape = tuple(handles[name].get_shape())
-            if file_shape != _hf_shape(leaf.shape, transpose):
-                raise ValueError(
-                    f"tensor {name!r} in {directory} has shape {file_shape}, but config.json implies "
-                    f"{_hf_shape(leaf.shape, transpose)}"
-                )
+            transpose, stacked = entries[0][1].transpose, entries[0][1].expert is not None
+            expected = _hf_shape(leaf.shape[1:] if stacked else leaf.shape, transpose)
+            for name, _ in entries:
+                file_shape = tuple(handles[name].get_shape())
+                if file_shape != expected:
+                    raise ValueError(
+                        f"tensor {name!r} in {directory} has shape {file_shape}, but config.json implies {expected}")
             if mesh is None:
                 sharding = SingleDeviceSharding(jax.local_devices()[0])
             else:
                 spec = param_partition_spec(".".join(map(str, path)), leaf.shape, rules, dict(mesh.shape))
                 sharding = NamedSharding(mesh, spec)
-            array = _read_sharded(handles[name], leaf.shape, leaf.dtype, transpose, sharding)
-            variables[path] = variables[path].replace(array)
+            read = _stacked_reader([handles[name] for name, _ in entries], transpose) if stacked else \
+                _tensor_reader(handles[entries[0][0]], transpose)
+            variables[path] = variables[path].replace(_read_sharded(read, leaf.shape, leaf.dtype, sharding))
     return nnx.merge(graphdef, nnx.from_flat_state(variables))
 
 
@@ -265,9 +308,12 @@ class _TensorToWrite:
         return math.prod(self.shape) * self.dtype.itemsize
 
 
-def _host_tensor(array: jax.Array, transpose: bool, dtype: np.dtype) -> np.ndarray:
-    """`array` gathered to this host in HF layout and `dtype`, C-contiguous. An array spanning several processes
-    is gathered with `process_allgather`, a collective: every process must fetch it, in the same order."""
+def _host_tensor(array: jax.Array, transpose: bool, dtype: np.dtype, expert: Optional[int] = None) -> np.ndarray:
+    """`array` (or its slice [expert]) gathered to this host in HF layout and `dtype`, C-contiguous. An array
+    spanning several processes is gathered with `process_allgather`, a collective: every process must fetch it,
+    in the same order."""
+    if expert is not None:
+        array = array[expert]
     if array.is_fully_addressable:
         host = np.asarray(jax.device_get(array))
     else:
@@ -280,14 +326,15 @@ def _tensors_to_write(model: Decoder, dtype: Optional[Any]) -> list[_TensorToWri
     params = {path: var.get_value() for path, var in nnx.to_flat_state(nnx.state(model))}
     _check_table_covers(table, params)
     tensors = []
-    for name, (path, transpose) in table.items():
+    for name, (path, transpose, expert) in table.items():
         array = params[path]
         np_dtype = np.dtype(dtype if dtype is not None else array.dtype)
         if np_dtype not in _SAFETENSORS_DTYPES:
             raise ValueError(f"cannot save tensor {name!r} as {np_dtype}; "
                              f"supported: {sorted(map(str, _SAFETENSORS_DTYPES))}")
-        fetch = functools.partial(_host_tensor, array, transpose, np_dtype)
-        tensors.append(_TensorToWrite(name, _hf_shape(array.shape, transpose), np_dtype, fetch,
+        shape = array.shape if expert is None else array.shape[1:]
+        fetch = functools.partial(_host_tensor, array, transpose, np_dtype, expert)
+        tensors.append(_TensorToWrite(name, _hf_shape(shape, transpose), np_dtype, fetch,
                                       collective=not array.is_fully_addressable))
     return tensors
 

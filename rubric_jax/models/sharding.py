@@ -14,6 +14,8 @@ Parameter rules (regexes on the contract's dotted paths of `rubric_jax.models`, 
   self_attn.o_proj.kernel [H*hd, D]    (tensor, fsdp)          bias [D]     replicated
   mlp.{gate,up}_proj.kernel [D, F]     (fsdp, tensor)
   mlp.down_proj.kernel [F, D]          (tensor, fsdp)
+  mlp.gate.kernel [D, E]               (fsdp, None)           the Qwen3-MoE router
+  mlp.experts.{gate,up}_edf [E, D, F]  (None, fsdp, tensor)   mlp.experts.down_efd [E, F, D]  (None, tensor, fsdp)
   *norm.scale                          replicated
   lm_head.kernel [D, V]                (fsdp, tensor)
   value_head.kernel [D, 1]             (fsdp, None)            bias [1]     replicated   (a critic, `models.value`)
@@ -81,6 +83,11 @@ def partition_rules(config: ModelConfig | None = None) -> tuple[PartitionRule, .
         PartitionRule(r"self_attn\.o_proj\.bias$", (None,)),
         PartitionRule(r"mlp\.(gate|up)_proj\.kernel$", ("fsdp", "tensor")),
         PartitionRule(r"mlp\.down_proj\.kernel$", ("tensor", "fsdp")),
+        # Qwen3-MoE: the router [D, E] like a kernel's input side; the experts' stacked [E, D, F] / [E, F, D] like
+        # the dense MLP's kernels, each expert split the same way.
+        PartitionRule(r"mlp\.gate\.kernel$", ("fsdp", None)),
+        PartitionRule(r"mlp\.experts\.(gate|up)_edf$", (None, "fsdp", "tensor")),
+        PartitionRule(r"mlp\.experts\.down_efd$", (None, "tensor", "fsdp")),
         PartitionRule(r"norm\.scale$", (None,)),
         PartitionRule(r"lm_head\.kernel$", ("fsdp", "tensor")),
         PartitionRule(r"value_head\.kernel$", ("fsdp", None)),

@@ -95,7 +95,7 @@ def model_logprobs(model: Decoder, prompt, output_ids, temperature: float) -> np
 # ---------------------------------------------------------------- greedy and logprobs against references
 
 
-@pytest.mark.parametrize("fixture", ["tiny_qwen3_dir", "tiny_qwen2_dir", "tiny_llama_dir"])
+@pytest.mark.parametrize("fixture", ["tiny_qwen3_dir", "tiny_qwen2_dir", "tiny_llama_dir", "tiny_qwen3_moe_dir"])
 def test_greedy_equals_argmax_decoding_of_the_full_forward(request, fixture):
     model = _flat_model(str(request.getfixturevalue(fixture)))
     samples = EmbeddedEngine(model, eos_token_ids=()).generate(PROMPTS, greedy())
@@ -111,7 +111,8 @@ def test_greedy_equals_argmax_decoding_of_the_full_forward(request, fixture):
         assert (sample.finish_reason, sample.matched_stop, sample.weight_version) == ("length", None, "0")
 
 
-@pytest.mark.parametrize("fixture", ["tiny_qwen3_dir", "tiny_qwen2_dir", "tiny_qwen2_untied_dir", "tiny_llama_dir"])
+@pytest.mark.parametrize("fixture", ["tiny_qwen3_dir", "tiny_qwen2_dir", "tiny_qwen2_untied_dir", "tiny_llama_dir",
+                                     "tiny_qwen3_moe_dir"])
 def test_greedy_equals_transformers_generate(request, fixture):
     """The KV-cache decode path of each family (Qwen2's q/k/v biases included) against transformers' own greedy
     `generate` on the same (flattened) weights, one prompt at a time; both stop at the end-of-turn token."""

@@ -30,7 +30,7 @@ from rubric_jax.models.safetensors_io import load_hf_checkpoint
 from tests.tiny_checkpoints import CHAT_TEMPLATE, VOCAB_SIZE
 
 MODEL_FIXTURES = ["tiny_qwen3_dir", "tiny_qwen3_untied_dir", "tiny_qwen2_dir", "tiny_qwen2_untied_dir",
-                  "tiny_llama_dir"]
+                  "tiny_llama_dir", "tiny_qwen3_moe_dir"]
 # float32 on the CPU: the two implementations differ only in summation order; observed max |diff| ~2e-5 on
 # logits of magnitude up to ~60 (tied Qwen3), ~2e-6 on magnitude ~4.
 PARITY_TOL = dict(atol=1e-4, rtol=1e-4)
@@ -444,6 +444,37 @@ def test_unsupported_or_invalid_config_is_a_value_error_naming_it(tiny_qwen3_dir
     config = {**json.loads((tiny_qwen3_dir / "config.json").read_text()), **change}
     with pytest.raises(ValueError, match=named):
         ModelConfig.from_hf_dict(config)
+
+
+@pytest.mark.parametrize(
+    "change, named",
+    [
+        ({"num_experts_per_tok": 5}, "num_experts_per_tok"),
+        ({"moe_intermediate_size": 0}, "moe_intermediate_size"),
+        ({"mlp_only_layers": [2]}, "mlp_only_layers"),
+        ({"hidden_act": "gelu"}, "gelu"),
+    ],
+)
+def test_invalid_moe_config_is_a_value_error_naming_it(tiny_qwen3_moe_dir, change, named):
+    config = {**json.loads((tiny_qwen3_moe_dir / "config.json").read_text()), **change}
+    with pytest.raises(ValueError, match=named):
+        ModelConfig.from_hf_dict(config)
+
+
+def test_moe_config_reads_either_expert_count_key_and_names_its_sparse_layers(tiny_qwen3_moe_dir):
+    """transformers 5 writes `num_local_experts`; the published Qwen3-MoE configs say `num_experts`."""
+    written = json.loads((tiny_qwen3_moe_dir / "config.json").read_text())
+    published = {**{k: v for k, v in written.items() if k != "num_local_experts"}, "num_experts": 4}
+    assert ModelConfig.from_hf_dict(written) == ModelConfig.from_hf_dict(published)
+    config = ModelConfig.from_hf_dict(written)
+    assert (config.num_experts, config.num_experts_per_tok, config.norm_topk_prob) == (4, 2, True)
+    assert [config.sparse_layer(i) for i in range(2)] == [True, False]  # mlp_only_layers = [1]
+    assert [dataclasses.replace(config, mlp_only_layers=(), decoder_sparse_step=2).sparse_layer(i)
+            for i in range(2)] == [False, True]
+    with pytest.raises(ValueError, match="has no experts"):
+        dataclasses.replace(config, model_type="qwen3")
+    with pytest.raises(ValueError, match="scan_layers needs layers of one structure"):
+        Decoder(config, rngs=nnx.Rngs(0), scan_layers=True)
 
 
 def test_invalid_llama3_scaling_is_a_value_error():

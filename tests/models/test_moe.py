@@ -117,3 +117,30 @@ def test_no_activation_spans_every_expert():
     jaxpr = jax.make_jaxpr(experts_swiglu)(x_td, weights_tk, experts_tk, w["gate_edf"], w["up_edf"], w["down_efd"])
     sizes = [np.prod(var.aval.shape) for eqn in jaxpr.eqns for var in eqn.outvars]
     assert max(sizes) == 64 * TOP_K * WIDTH
+
+
+def test_gradients_reach_the_chosen_experts_and_the_router_only():
+    """d(sum of outputs) reaches exactly the experts some token chose (the others get exact zeros) and the router
+    through the routing weights; the gradients equal finite differences of the loop reference."""
+    w = random_weights(6, experts=8)
+    x_td = np.random.default_rng(7).normal(size=(3, WIDTH)).astype(np.float32)
+
+    def total(router_ed, gate_edf):
+        weights_tk, experts_tk = route_top_k(x_td @ router_ed.T, TOP_K, normalize=True)
+        return jnp.sum(experts_swiglu(x_td, weights_tk, experts_tk, gate_edf, w["up_edf"], w["down_efd"]))
+
+    router_grad, gate_grad = jax.grad(total, argnums=(0, 1))(jnp.asarray(w["router_ed"]), jnp.asarray(w["gate_edf"]))
+    _, experts_tk = route_top_k(x_td @ w["router_ed"].T, TOP_K, normalize=True)
+    chosen = set(np.asarray(experts_tk).reshape(-1).tolist())
+    for e in range(8):
+        assert (np.abs(np.asarray(gate_grad[e])).sum() > 0) == (e in chosen), e
+    assert np.abs(np.asarray(router_grad)).sum() > 0
+    step = 1e-3
+    for e in sorted(chosen)[:2]:
+        bumped = {**w, "gate_edf": w["gate_edf"].astype(np.float64).copy()}
+        bumped["gate_edf"][e, 0, 0] += step
+        lowered = {**w, "gate_edf": w["gate_edf"].astype(np.float64).copy()}
+        lowered["gate_edf"][e, 0, 0] -= step
+        numeric = (reference_block(x_td, bumped, normalize=True).sum()
+                   - reference_block(x_td, lowered, normalize=True).sum()) / (2 * step)
+        np.testing.assert_allclose(gate_grad[e, 0, 0], numeric, rtol=1e-3, atol=1e-4)

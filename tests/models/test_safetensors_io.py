@@ -28,7 +28,7 @@ from rubric_jax.models.safetensors_io import hf_name_table, load_hf_checkpoint, 
 from rubric_jax.models.sharding import make_mesh, param_partition_spec, partition_rules
 
 MODEL_FIXTURES = ["tiny_qwen3_dir", "tiny_qwen3_untied_dir", "tiny_qwen2_dir", "tiny_qwen2_untied_dir",
-                  "tiny_llama_dir"]
+                  "tiny_llama_dir", "tiny_qwen3_moe_dir"]
 TOKENS = np.array([[5, 17, 250, 3, 99, 300, 7, 64], [1, 2, 3, 4, 5, 6, 7, 8]])
 # Per-parameter bytes of the fixtures run from 64 (a q_norm scale in float32) to 80 KiB (the embedding): 16 KiB
 # shards give several files, some holding many small tensors, the embedding one of its own.
@@ -94,10 +94,10 @@ def test_name_table_covers_exactly_what_transformers_saves(model_dir):
     params = _params(model)
     saved = _file_tensors(model_dir)
     assert table.keys() == saved.keys()
-    for name, (path, transpose) in table.items():
+    for name, (path, transpose, expert) in table.items():
         expected = saved[name].shape[::-1] if transpose else saved[name].shape
-        assert params[path].shape == expected, name
-    assert {path for path, _ in table.values()} == params.keys()
+        assert params[path].shape[0 if expert is None else 1:] == expected, name
+    assert {entry.path for entry in table.values()} == params.keys()
 
 
 # -------------------------------------------------------------------------------------------------- load
@@ -107,8 +107,9 @@ def test_load_gives_the_file_tensors_bit_exact(model_dir):
     model = load_hf_checkpoint(model_dir)
     params = _params(model)
     for name, tensor in _file_tensors(model_dir).items():
-        path, transpose = hf_name_table(model.config)[name]
-        np.testing.assert_array_equal(np.asarray(params[path]), tensor.T if transpose else tensor, err_msg=name)
+        path, transpose, expert = hf_name_table(model.config)[name]
+        param = np.asarray(params[path]) if expert is None else np.asarray(params[path])[expert]
+        np.testing.assert_array_equal(param, tensor.T if transpose else tensor, err_msg=name)
         assert params[path].dtype == jnp.float32
 
 

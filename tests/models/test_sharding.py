@@ -170,9 +170,10 @@ def run_learner(directory: str, mesh_shape: tuple[int, int, int]):
     return logprobs, jax.device_get(metrics), jax.device_get(flat_params(params))
 
 
-# Qwen2 on the mixed mesh: its q/k/v biases split over "tensor" with their heads, and their gradients too.
+# Qwen2 on the mixed mesh: its q/k/v biases split over "tensor" with their heads, and their gradients too. Qwen3-MoE
+# on it: the experts' stacked weights split like the dense MLP's, their grouped matmuls partitioned by XLA.
 @pytest.mark.parametrize("fixture, mesh_name", [*(("tiny_qwen3_untied_dir", name) for name in MESHES),
-                                                ("tiny_qwen2_dir", "mixed")])
+                                                ("tiny_qwen2_dir", "mixed"), ("tiny_qwen3_moe_dir", "mixed")])
 def test_sharded_forward_and_train_step_equal_unsharded(fixture, mesh_name, request):
     directory = str(request.getfixturevalue(fixture))
     logprobs, metrics, params = run_learner(directory, MESHES[mesh_name])

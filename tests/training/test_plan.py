@@ -224,6 +224,10 @@ def _qwen2_parameters(vocab, hidden, mlp, layers, kv_width, tied):
     ("Qwen2.5-3B", _qwen2_parameters(151936, 2048, 11008, 36, 2 * 128, tied=True)),
     ("Qwen2.5-7B", _qwen2_parameters(152064, 3584, 18944, 28, 4 * 128, tied=False)),
     ("Qwen2.5-32B", _qwen2_parameters(152064, 5120, 27648, 64, 8 * 128, tied=False)),
+    # The model card's 30.5B: embedding and lm_head, and per layer the attention (q/k norms of 128), two norms,
+    # the router and 128 experts' three [2048, 768] matrices.
+    ("Qwen3-30B-A3B", 2 * 151936 * 2048 + 2048 + 48 * (
+        2048 * 4096 * 2 + 2048 * 512 * 2 + 2 * 128 + 2 * 2048 + 2048 * 128 + 128 * 3 * 2048 * 768)),
 ])
 def test_presets_have_the_published_parameter_counts(name, parameters):
     abstract = nnx.eval_shape(lambda: Decoder(preset_config(name), rngs=nnx.Rngs(0)))

@@ -12,6 +12,7 @@ import jax
 import numpy as np
 import optax
 import pytest
+import transformers
 from flax import nnx
 
 from rubric_jax.algorithms.base import RolloutContext
@@ -324,6 +325,25 @@ def test_the_models_chat_template_kwargs_render_every_rollout_prompt(tmp_path, t
     assert lengths["no_thinking"] == lengths["plain"] + len(block)
     with pytest.raises(ValueError, match="chat_template_kwargs keys"):
         ModelSpec(path="x", chat_template_kwargs={"not a name": 1})
+
+
+def test_a_qwen3_moe_policy_takes_rl_steps_on_the_embedded_engine_and_exports_its_experts(tmp_path,
+                                                                                          tiny_qwen3_moe_dir):
+    """Qwen3-MoE from its checkpoint: two RL steps sampled by the embedded engine, the learner's logprobs those of
+    the engine, the experts' weights updated, and the final model/ a checkpoint in the published per-expert layout
+    that transformers loads as Qwen3-MoE."""
+    config = tiny_rl_config(tmp_path, steps=2, model=ModelSpec(path=str(tiny_qwen3_moe_dir)))
+    train_rl(config, toy_task())
+    for line in read_metrics(tmp_path / "run" / "metrics.jsonl"):
+        assert all(math.isfinite(value) for value in line.values())
+        assert line["train/grad_norm"] > 0 and line["mismatch/max_abs"] < 1e-4
+    before, after = (nnx.state(load_hf_checkpoint(directory)) for directory in
+                     (tiny_qwen3_moe_dir, tmp_path / "run" / "model"))
+    experts_before, experts_after = (np.asarray(state["layers"][0]["mlp"]["experts"]["gate_edf"][...])
+                                     for state in (before, after))
+    assert (np.abs(experts_after - experts_before).reshape(4, -1).max(axis=1) > 0).any()
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "model")
+    assert type(hf).__name__ == "Qwen3MoeForCausalLM"
 
 
 def test_rollout_prompt_cap_and_frozen_server_are_validated(tmp_path):
