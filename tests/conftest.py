@@ -23,6 +23,8 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 # The tiny Hugging Face checkpoints every model, inference and judge test loads (built once per session).
 from tests.tiny_checkpoints import (  # noqa: E402,F401
+    tiny_gemma3_dir,
+    tiny_gemma3_multimodal_dir,
     tiny_llama_dir,
     tiny_qwen2_dir,
     tiny_qwen2_untied_dir,

@@ -1,5 +1,5 @@
-"""`ModelConfig`: the architecture of a Qwen3, Qwen2 (Qwen2.5) or Llama 3 decoder, read from and written to a Hugging
-Face `config.json`.
+"""`ModelConfig`: the architecture of a Qwen3, Qwen3-MoE, Qwen2 (Qwen2.5), Llama 3 or Gemma 3 decoder, read from and
+written to a Hugging Face `config.json`.
 
 Conventions:
 - Field names are this package's (num_layers, num_heads, num_kv_heads); `from_hf_dict` / `to_hf_dict` translate
@@ -21,8 +21,20 @@ Conventions:
   that `sparse_layer` names (transformers' rule: not in `mlp_only_layers`, and (i + 1) a multiple of
   `decoder_sparse_step`); the other layers keep the dense MLP of `intermediate_size` (`models.moe`).
   `router_aux_loss_coef` and `output_router_logits` are training settings, not architecture: they are ignored here.
+- gemma3_text (Gemma 3, `Gemma3ForCausalLM`; transformers' `Gemma3TextModel`): its layers interleave local
+  attention over a sliding window of `sliding_window` positions with global attention (`layer_types`, or
+  transformers' default: every `sliding_window_pattern`-th layer, 6, global); local layers rotate by
+  `rope_local_theta` (the config's rope_local_base_freq, 10000) without scaling, global ones by `rope_theta`
+  (1e6) with the config's linear `rope_scaling` (`LinearRopeScaling`: 8 on the 4B and larger models). Queries
+  are scaled by query_pre_attn_scalar ** -0.5; q/k norms, RMSNorms computing (1 + weight) in float32, four
+  norms per layer (before and after attention and MLP), a GeLU-tanh MLP, embeddings scaled by sqrt(hidden_size).
+  A multimodal Gemma 3 checkpoint (model_type "gemma3", `Gemma3ForConditionalGeneration`: the 4B and larger
+  models) reads as its language model: `text_config` over Gemma3TextConfig's defaults (`language_model`, True);
+  its weights load from either name layout and its vision tower is left out (`models.safetensors_io`). Logit
+  soft-capping (Gemma 2's) and bidirectional attention are refused.
 - Keys a config.json may leave out take the transformers config class's default: rope_theta 10000 and
-  rms_norm_eps 1e-6 for every family, max_position_embeddings 32768 (qwen2, qwen3) or 2048 (llama).
+  rms_norm_eps 1e-6 for every family, max_position_embeddings 32768 (qwen2, qwen3) or 2048 (llama), Gemma 3's
+  its own (`_GEMMA3_TEXT_DEFAULTS`).
 """
 
 import dataclasses
@@ -31,10 +43,21 @@ import os
 from typing import Any, Mapping, Optional, Union
 
 ARCHITECTURES = {"qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                 "llama": "LlamaForCausalLM"}
+                 "llama": "LlamaForCausalLM", "gemma3_text": "Gemma3ForCausalLM"}
+# A multimodal checkpoint whose language model is read (`ModelConfig.language_model`).
+MULTIMODAL_ARCHITECTURES = {"gemma3": "Gemma3ForConditionalGeneration"}
+SLIDING, GLOBAL = "sliding_attention", "full_attention"
 
 # The Hugging Face config classes' defaults for keys a config.json may leave out.
-_HF_DEFAULT_MAX_POSITIONS = {"qwen3": 32768, "qwen3_moe": 32768, "qwen2": 32768, "llama": 2048}
+_HF_DEFAULT_MAX_POSITIONS = {"qwen3": 32768, "qwen3_moe": 32768, "qwen2": 32768, "llama": 2048,
+                             "gemma3_text": 131072}
+# Gemma3TextConfig's defaults (the multimodal checkpoints' text_config leaves most keys out).
+_GEMMA3_TEXT_DEFAULTS = {"vocab_size": 262208, "hidden_size": 2304, "intermediate_size": 9216,
+                         "num_hidden_layers": 26, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
+                         "hidden_activation": "gelu_pytorch_tanh", "max_position_embeddings": 131072,
+                         "rms_norm_eps": 1e-6, "rope_theta": 1e6, "rope_local_base_freq": 10000.0,
+                         "query_pre_attn_scalar": 256, "sliding_window": 4096, "sliding_window_pattern": 6,
+                         "tie_word_embeddings": True, "bos_token_id": 2, "eos_token_id": 1, "pad_token_id": 0}
 # Qwen3MoeConfig's defaults for its mixture-of-experts keys.
 _HF_DEFAULT_MOE = {"num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768,
                    "norm_topk_prob": False, "decoder_sparse_step": 1, "mlp_only_layers": ()}
@@ -72,8 +95,21 @@ class Llama3RopeScaling:
 
 
 @dataclasses.dataclass(frozen=True)
+class LinearRopeScaling:
+    """Linear RoPE scaling (transformers' "linear" type, Gemma 3's global layers): every frequency divided by
+    `factor`."""
+
+    factor: float
+
+    def __post_init__(self):
+        if self.factor <= 0:
+            raise ValueError(f"linear rope_scaling factor must be positive, got {self.factor}")
+
+
+@dataclasses.dataclass(frozen=True)
 class ModelConfig:
-    """Architecture of a decoder-only model of the "qwen3", "qwen2" (Qwen2 and Qwen2.5) or "llama" (Llama 3) family.
+    """Architecture of a decoder-only model of the "qwen3", "qwen3_moe", "qwen2" (Qwen2 and Qwen2.5), "llama"
+    (Llama 3) or "gemma3_text" (Gemma 3) family.
 
     `qk_norm` (RMSNorm on each query and key head before RoPE) follows from the family: True for qwen3 only.
     `qkv_bias` and `o_proj_bias` (biases of the attention's projections) follow from the family and
@@ -81,7 +117,9 @@ class ModelConfig:
     transformers' Qwen2 ignores the key and a checkpoint written for it would not be one.
     `eos_token_id` is an int or a tuple of ints (Llama 3 Instruct lists several), as in the config.json.
     The mixture-of-experts fields (`num_experts` and on) are qwen3_moe's (module docstring): zero experts for the
-    dense families.
+    dense families. The attention fields after them are gemma3_text's: `layer_types` (one per layer, SLIDING or
+    GLOBAL), `sliding_window`, `rope_local_theta`, `query_pre_attn_scalar` (None elsewhere: head_dim);
+    `language_model` marks a config read from a multimodal checkpoint's text_config.
     """
 
     model_type: str
@@ -107,6 +145,11 @@ class ModelConfig:
     norm_topk_prob: bool = False
     decoder_sparse_step: int = 1
     mlp_only_layers: tuple[int, ...] = ()
+    layer_types: tuple[str, ...] = ()
+    sliding_window: Optional[int] = None
+    rope_local_theta: float = _HF_DEFAULT_ROPE_THETA
+    query_pre_attn_scalar: Optional[int] = None
+    language_model: bool = False
 
     def __post_init__(self):
         if self.model_type not in ARCHITECTURES:
@@ -126,8 +169,10 @@ class ModelConfig:
             raise ValueError(
                 f"rms_norm_eps and rope_theta must be positive, got {self.rms_norm_eps} and {self.rope_theta}"
             )
-        if self.rope_scaling is not None and not isinstance(self.rope_scaling, Llama3RopeScaling):
-            raise ValueError(f"rope_scaling must be None or a Llama3RopeScaling, got {self.rope_scaling!r}")
+        if self.rope_scaling is not None and not isinstance(self.rope_scaling, (Llama3RopeScaling,
+                                                                                LinearRopeScaling)):
+            raise ValueError(f"rope_scaling must be None, a Llama3RopeScaling or a LinearRopeScaling, got "
+                             f"{self.rope_scaling!r}")
         if self.model_type == "qwen2" and self.attention_bias:
             raise ValueError("model_type 'qwen2' takes no attention_bias: its q/k/v projections always have biases "
                              "and o_proj none (transformers' Qwen2Attention)")
@@ -135,7 +180,24 @@ class ModelConfig:
             # A frozen dataclass must stay hashable (it is static under jit): lists become tuples.
             object.__setattr__(self, "eos_token_id", tuple(self.eos_token_id))
         object.__setattr__(self, "mlp_only_layers", tuple(self.mlp_only_layers))
+        object.__setattr__(self, "layer_types", tuple(self.layer_types))
         self._check_experts()
+        self._check_local_attention()
+
+    def _check_local_attention(self) -> None:
+        if self.model_type != "gemma3_text":
+            if self.layer_types or self.sliding_window is not None:
+                raise ValueError(f"model_type {self.model_type!r} has no sliding-window layers, got layer_types="
+                                 f"{self.layer_types} and sliding_window={self.sliding_window}")
+            return
+        if len(self.layer_types) != self.num_layers or not set(self.layer_types) <= {SLIDING, GLOBAL}:
+            raise ValueError(f"gemma3_text needs layer_types naming {SLIDING!r} or {GLOBAL!r} for each of its "
+                             f"{self.num_layers} layers, got {self.layer_types}")
+        if SLIDING in self.layer_types and not (self.sliding_window or 0) > 0:
+            raise ValueError(f"sliding-window layers need a positive sliding_window, got {self.sliding_window}")
+        if self.rope_local_theta <= 0 or (self.query_pre_attn_scalar is not None and self.query_pre_attn_scalar <= 0):
+            raise ValueError(f"rope_local_theta and query_pre_attn_scalar must be positive, got "
+                             f"{self.rope_local_theta} and {self.query_pre_attn_scalar}")
 
     def _check_experts(self) -> None:
         if self.model_type != "qwen3_moe":
@@ -151,6 +213,27 @@ class ModelConfig:
         if any(not 0 <= i < self.num_layers for i in self.mlp_only_layers):
             raise ValueError(f"mlp_only_layers must name layers in [0, {self.num_layers}), got {self.mlp_only_layers}")
 
+    def sliding_layer(self, index: int) -> bool:
+        """Whether layer `index` attends over a sliding window (gemma3_text's local layers)."""
+        return bool(self.layer_types) and self.layer_types[index] == SLIDING
+
+    @property
+    def gemma(self) -> bool:
+        """Gemma's conventions (module docstring): (1 + weight) norms, four per layer, GeLU-tanh, scaled embeddings."""
+        return self.model_type == "gemma3_text"
+
+    @property
+    def attention_scale(self) -> float:
+        return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
+
+    @property
+    def embed_scale(self) -> Optional[float]:
+        return self.hidden_size ** 0.5 if self.gemma else None
+
+    @property
+    def hidden_act(self) -> str:
+        return "gelu_pytorch_tanh" if self.gemma else "silu"
+
     def sparse_layer(self, index: int) -> bool:
         """Whether layer `index` has the mixture-of-experts MLP (transformers' Qwen3MoeDecoderLayer rule)."""
         return (self.num_experts > 0 and index not in self.mlp_only_layers
@@ -158,7 +241,7 @@ class ModelConfig:
 
     @property
     def qk_norm(self) -> bool:
-        return self.model_type in ("qwen3", "qwen3_moe")
+        return self.model_type in ("qwen3", "qwen3_moe", "gemma3_text")
 
     @property
     def qkv_bias(self) -> bool:
@@ -171,6 +254,8 @@ class ModelConfig:
     @classmethod
     def from_hf_dict(cls, d: Mapping[str, Any]) -> "ModelConfig":
         """Reads a Hugging Face config dict (transformers 4 or 5 layout); ValueError on anything unsupported."""
+        if d.get("model_type") in MULTIMODAL_ARCHITECTURES:
+            return cls.from_hf_dict(_language_model_config(d))
         model_type = d.get("model_type")
         if model_type not in ARCHITECTURES:
             raise ValueError(f"unsupported model_type {model_type!r}; supported: {sorted(ARCHITECTURES)}")
@@ -184,9 +269,12 @@ class ModelConfig:
                                "num_attention_heads") if d.get(k) is None]
         if missing:
             raise ValueError(f"config is missing required keys {missing}")
+        if model_type == "gemma3_text":
+            d = {**_GEMMA3_TEXT_DEFAULTS, **d}
         _reject_unsupported_features(d)
         max_positions = d.get("max_position_embeddings") or _HF_DEFAULT_MAX_POSITIONS[model_type]
-        rope_theta, rope_scaling = _read_rope(d, max_positions)
+        rope_theta, rope_scaling = (_read_gemma3_rope(d) if model_type == "gemma3_text" else
+                                    _read_rope(d, max_positions))
         num_heads = d["num_attention_heads"]
         return cls(
             model_type=model_type,
@@ -207,6 +295,7 @@ class ModelConfig:
             eos_token_id=d.get("eos_token_id"),
             pad_token_id=d.get("pad_token_id"),
             **(_read_experts(d) if model_type == "qwen3_moe" else {}),
+            **(_read_gemma3_attention(d) if model_type == "gemma3_text" else {}),
         )
 
     @classmethod
@@ -219,12 +308,16 @@ class ModelConfig:
         """A config.json dict that transformers (4.51+ and 5) loads as this architecture.
 
         RoPE is written in both layouts: transformers 4 reads only `rope_theta` / `rope_scaling`, transformers 5
-        prefers `rope_parameters`; both describe the same thing, so either reader gets it.
+        prefers `rope_parameters`; both describe the same thing, so either reader gets it. gemma3_text's keys are
+        its own (a multimodal checkpoint's language model is written as Gemma3ForCausalLM), with its RoPE per
+        layer type.
         """
         rope_scaling = None
         if self.rope_scaling is not None:
-            rope_scaling = {"rope_type": "llama3", **dataclasses.asdict(self.rope_scaling)}
-        return {
+            rope_type = "linear" if isinstance(self.rope_scaling, LinearRopeScaling) else "llama3"
+            rope_scaling = {"rope_type": rope_type, **dataclasses.asdict(self.rope_scaling)}
+        global_rope = {"rope_type": "default", "rope_theta": self.rope_theta, **(rope_scaling or {})}
+        hf = {
             "architectures": [ARCHITECTURES[self.model_type]],
             "model_type": self.model_type,
             "vocab_size": self.vocab_size,
@@ -234,27 +327,88 @@ class ModelConfig:
             "num_attention_heads": self.num_heads,
             "num_key_value_heads": self.num_kv_heads,
             "head_dim": self.head_dim,
-            "hidden_act": "silu",
+            "hidden_activation" if self.gemma else "hidden_act": self.hidden_act,
             "max_position_embeddings": self.max_position_embeddings,
             "rms_norm_eps": self.rms_norm_eps,
             "rope_theta": self.rope_theta,
             "rope_scaling": rope_scaling,
-            "rope_parameters": {"rope_type": "default", "rope_theta": self.rope_theta, **(rope_scaling or {})},
+            "rope_parameters": global_rope,
             "tie_word_embeddings": self.tie_word_embeddings,
             "attention_bias": self.attention_bias,
             "bos_token_id": self.bos_token_id,
             "eos_token_id": list(self.eos_token_id) if isinstance(self.eos_token_id, tuple) else self.eos_token_id,
             "pad_token_id": self.pad_token_id,
-            **({"num_experts": self.num_experts, "num_experts_per_tok": self.num_experts_per_tok,
-                "moe_intermediate_size": self.moe_intermediate_size, "norm_topk_prob": self.norm_topk_prob,
-                "decoder_sparse_step": self.decoder_sparse_step, "mlp_only_layers": list(self.mlp_only_layers)}
-               if self.model_type == "qwen3_moe" else {}),
         }
+        if self.model_type == "qwen3_moe":
+            hf.update(num_experts=self.num_experts, num_experts_per_tok=self.num_experts_per_tok,
+                      moe_intermediate_size=self.moe_intermediate_size, norm_topk_prob=self.norm_topk_prob,
+                      decoder_sparse_step=self.decoder_sparse_step, mlp_only_layers=list(self.mlp_only_layers))
+        if self.gemma:
+            hf.update(rope_local_base_freq=self.rope_local_theta, layer_types=list(self.layer_types),
+                      rope_parameters={GLOBAL: global_rope,
+                                       SLIDING: {"rope_type": "default", "rope_theta": self.rope_local_theta}},
+                      sliding_window=self.sliding_window,
+                      query_pre_attn_scalar=self.query_pre_attn_scalar or self.head_dim,
+                      final_logit_softcapping=None, attn_logit_softcapping=None)
+        return hf
+
+
+def _language_model_config(d: Mapping[str, Any]) -> dict[str, Any]:
+    """A multimodal checkpoint's config dict as its language model's: `text_config` (missing keys take the text
+    config class's defaults in `from_hf_dict`), with the top level's token ids and embedding tying where the text
+    config leaves them out."""
+    architectures = d.get("architectures") or [MULTIMODAL_ARCHITECTURES[d["model_type"]]]
+    if list(architectures) != [MULTIMODAL_ARCHITECTURES[d["model_type"]]]:
+        raise ValueError(f"unsupported architectures {architectures!r} for model_type {d['model_type']!r}; "
+                         f"supported: [{MULTIMODAL_ARCHITECTURES[d['model_type']]!r}]")
+    text = {key: value for key, value in dict(d.get("text_config") or {}).items() if value is not None}
+    for key in ("bos_token_id", "eos_token_id", "pad_token_id", "tie_word_embeddings"):
+        if key not in text and d.get(key) is not None:
+            text[key] = d[key]
+    text.pop("architectures", None)
+    return {**text, "model_type": "gemma3_text", "language_model": True}
+
+
+def _read_gemma3_attention(d: Mapping[str, Any]) -> dict[str, Any]:
+    """gemma3_text's attention fields (`ModelConfig`): transformers' default layer types when the dict has none,
+    every `sliding_window_pattern`-th layer global."""
+    if d.get("final_logit_softcapping") is not None or d.get("attn_logit_softcapping") is not None:
+        raise ValueError(f"unsupported logit soft-capping (final_logit_softcapping="
+                         f"{d.get('final_logit_softcapping')!r}, attn_logit_softcapping="
+                         f"{d.get('attn_logit_softcapping')!r}): Gemma 3 has none")
+    if d.get("use_bidirectional_attention"):
+        raise ValueError("unsupported use_bidirectional_attention=True: the decoder is causal")
+    pattern = d["sliding_window_pattern"]
+    layer_types = d.get("layer_types") or [SLIDING if (i + 1) % pattern else GLOBAL
+                                           for i in range(d["num_hidden_layers"])]
+    rope = d.get("rope_parameters") or {}
+    local_theta = (rope.get(SLIDING) or {}).get("rope_theta", d["rope_local_base_freq"])
+    return {"layer_types": tuple(layer_types), "sliding_window": d["sliding_window"],
+            "rope_local_theta": float(local_theta), "query_pre_attn_scalar": int(d["query_pre_attn_scalar"]),
+            "language_model": bool(d.get("language_model", False))}
+
+
+def _read_gemma3_rope(d: Mapping[str, Any]) -> tuple[float, Optional[LinearRopeScaling]]:
+    """The global layers' theta and scaling: transformers 4's `rope_theta` / `rope_scaling`, or transformers 5's
+    `rope_parameters` keyed by layer type ("default" or "linear" types only)."""
+    rope = dict(d.get("rope_scaling") or (d.get("rope_parameters") or {}).get(GLOBAL) or {})
+    theta = float(rope.get("rope_theta", d["rope_theta"]))
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type == "default":
+        return theta, None
+    if rope_type != "linear":
+        raise ValueError(f"unsupported Gemma 3 RoPE type {rope_type!r}; supported: 'default', 'linear'")
+    return theta, LinearRopeScaling(float(rope["factor"]))
 
 
 def _reject_unsupported_features(d: Mapping[str, Any]) -> None:
-    if d.get("hidden_act", "silu") != "silu":
-        raise ValueError(f"unsupported hidden_act {d['hidden_act']!r}; only 'silu' (SwiGLU MLP) is implemented")
+    activation = d.get("hidden_activation", d.get("hidden_act", "silu"))
+    supported = "gelu_pytorch_tanh" if d.get("model_type") == "gemma3_text" else "silu"
+    if activation != supported:
+        raise ValueError(f"unsupported hidden activation {activation!r} for model_type {d.get('model_type')!r}; "
+                         f"only {supported!r} is implemented")
+    if d.get("model_type") == "gemma3_text":
+        return
     if d.get("use_sliding_window") or "sliding_attention" in (d.get("layer_types") or ()):
         # Refused whenever switched on, even where transformers would slide no layer (max_window_layers >=
         # num_hidden_layers, as in QwQ-32B's config.json): the fix is one key, and the decoder never guesses which
@@ -315,6 +469,18 @@ def _qwen2_5(hidden: int, intermediate: int, layers: int, heads: int, kv_heads: 
                        tie_word_embeddings=tied)
 
 
+def _gemma3(hidden: int, intermediate: int, layers: int, heads: int, kv_heads: int, *, head_dim: int = 256,
+            window: int = 1024, scaling: Optional[float] = 8.0, vocab: int = 262208, max_positions: int = 131072,
+            query_pre_attn_scalar: int = 256) -> ModelConfig:
+    """A Gemma 3 language model: every sixth layer global, the others local (transformers' default pattern)."""
+    return ModelConfig(model_type="gemma3_text", vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate,
+                       num_layers=layers, num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
+                       max_position_embeddings=max_positions, rope_theta=1e6,
+                       rope_scaling=None if scaling is None else LinearRopeScaling(scaling), tie_word_embeddings=True,
+                       layer_types=tuple(SLIDING if (i + 1) % 6 else GLOBAL for i in range(layers)),
+                       sliding_window=window, rope_local_theta=10000.0, query_pre_attn_scalar=query_pre_attn_scalar)
+
+
 # The published architectures (their Hugging Face config.json) of the models the papers train, for planning
 # (`rubric-jax plan --model-preset`) without a checkpoint. Token ids are left unset: a plan needs only shapes.
 # Qwen2.5 presets are the base models' (RGR-GRPO trains Qwen2.5-3B and -7B base, DAPO Qwen2.5-32B base): the 3B's
@@ -340,6 +506,12 @@ MODEL_PRESETS: Mapping[str, ModelConfig] = {
     "Qwen2.5-7B": _qwen2_5(3584, 18944, 28, 28, 4, vocab=152064, tied=False, max_positions=131072),
     "Qwen2.5-32B": _qwen2_5(5120, 27648, 64, 40, 8, vocab=152064, tied=False, max_positions=131072,
                             rms_norm_eps=1e-5),
+    # Gemma 3: the 1B is a text model (Gemma3ForCausalLM); the others are the language models of the multimodal
+    # checkpoints (their text_config), which is what a run trains of them.
+    "gemma-3-1b": _gemma3(1152, 6912, 26, 4, 1, window=512, scaling=None, vocab=262144, max_positions=32768),
+    "gemma-3-4b": _gemma3(2560, 10240, 34, 8, 4),
+    "gemma-3-12b": _gemma3(3840, 15360, 48, 16, 8),
+    "gemma-3-27b": _gemma3(5376, 21504, 62, 32, 16, head_dim=128, query_pre_attn_scalar=168),
 }
 
 

@@ -1,5 +1,5 @@
-"""Flax NNX decoder for the Qwen3, Qwen2 (Qwen2.5) and Llama 3 families, numerically matching transformers'
-implementations.
+"""Flax NNX decoder for the Qwen3, Qwen3-MoE, Qwen2 (Qwen2.5), Llama 3 and Gemma 3 families, numerically matching
+transformers' implementations.
 
 Axis letters in array names: b batch, t query positions (the tokens of this call), s key positions (the tokens
 attended to: the same T tokens without a cache, the S_max cache slots with one), d model width, h query heads,
@@ -16,6 +16,11 @@ Conventions:
 - Numerics follow transformers: RMSNorm statistics in float32 then cast to the activation dtype, attention
   logits and softmax in float32 scaled by head_dim**-0.5, RoPE angles in float32 with the rotate-half layout.
   `dtype` is the activation (compute) dtype, `param_dtype` the storage dtype of the parameters.
+- Gemma 3 (`ModelConfig.gemma`): `GemmaRMSNorm` everywhere, `GemmaDecoderLayer`'s four norms, a GeLU-tanh MLP,
+  embeddings times sqrt(D) (in the parameters' dtype, as transformers), queries scaled by query_pre_attn_scalar.
+  Its local layers attend to the `sliding_window` slots before each query (slot distance, as transformers' cache
+  positions: padding on the left never shortens a window) with their own RoPE frequencies (`local_rope_inv_freq`);
+  it attends by XLA alone (the Pallas kernels have no window).
 """
 
 import dataclasses
@@ -28,7 +33,7 @@ import numpy as np
 from flax import nnx
 
 from rubric_jax.models import attention, moe, ragged_decode
-from rubric_jax.models.config import ModelConfig
+from rubric_jax.models.config import GLOBAL, SLIDING, LinearRopeScaling, ModelConfig
 
 ShardActivations = Callable[[jax.Array, tuple[Optional[str], ...]], jax.Array]
 # Logical axes of the residual stream, the names the sharding rules map to mesh axes.
@@ -123,6 +128,17 @@ class DecodeRows:
     end_b: jax.Array
 
 
+@dataclasses.dataclass(frozen=True)
+class RouterStatistics:
+    """A pass's router statistics for the load-balancing loss (`moe.router_statistics`), summed over its
+    `layers` mixture-of-experts layers: probs_bte (router probabilities) and assigned_bte (top-k assignments),
+    float32 [B, T, E]."""
+
+    probs_bte: jax.Array
+    assigned_bte: jax.Array
+    layers: int
+
+
 def rope_inv_freq(config: ModelConfig) -> np.ndarray:
     """[head_dim / 2] float32 inverse frequencies theta^(-2i / head_dim), with Llama 3 scaling if configured.
 
@@ -133,6 +149,8 @@ def rope_inv_freq(config: ModelConfig) -> np.ndarray:
     scaling = config.rope_scaling
     if scaling is None:
         return inv_freq
+    if isinstance(scaling, LinearRopeScaling):
+        return (inv_freq / np.float32(scaling.factor)).astype(np.float32)
     wavelen = 2 * np.pi / inv_freq
     low_freq_wavelen = scaling.original_max_position_embeddings / scaling.low_freq_factor
     high_freq_wavelen = scaling.original_max_position_embeddings / scaling.high_freq_factor
@@ -143,6 +161,13 @@ def rope_inv_freq(config: ModelConfig) -> np.ndarray:
     smoothed = (1 - smooth) * scaled / scaling.factor + smooth * scaled
     is_medium = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
     return np.where(is_medium, smoothed, scaled).astype(np.float32)
+
+
+def local_rope_inv_freq(config: ModelConfig) -> np.ndarray:
+    """[head_dim / 2] float32 inverse frequencies of Gemma 3's local (sliding-window) layers: rope_local_theta,
+    unscaled."""
+    dim = config.head_dim
+    return 1.0 / (config.rope_local_theta ** (np.arange(0, dim, 2, dtype=np.float32) / dim))
 
 
 def rope_cos_sin(positions_bt: jax.Array, inv_freq: np.ndarray, dtype) -> tuple[jax.Array, jax.Array]:
@@ -168,9 +193,30 @@ class RMSNorm(nnx.Module):
         self.dtype = dtype
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        x_f32 = x.astype(jnp.float32)
-        normed = x_f32 * jax.lax.rsqrt(jnp.mean(jnp.square(x_f32), axis=-1, keepdims=True) + self.eps)
-        return self.scale[...].astype(self.dtype) * normed.astype(self.dtype)
+        return self.scale[...].astype(self.dtype) * _rms_normalized(x, self.eps).astype(self.dtype)
+
+
+def _rms_normalized(x: jax.Array, eps: float) -> jax.Array:
+    """x / sqrt(mean(x^2) + eps) over the last axis, in float32."""
+    x_f32 = x.astype(jnp.float32)
+    return x_f32 * jax.lax.rsqrt(jnp.mean(jnp.square(x_f32), axis=-1, keepdims=True) + eps)
+
+
+class GemmaRMSNorm(nnx.Module):
+    """Gemma's RMSNorm (transformers' `Gemma3RMSNorm`): x / sqrt(mean(x^2) + eps) * (1 + scale), all in float32,
+    then cast to `dtype`; `scale` starts at zero (the identity)."""
+
+    def __init__(self, dim: int, *, eps: float, dtype, param_dtype):
+        self.scale = nnx.Param(jnp.zeros((dim,), param_dtype))
+        self.eps = eps
+        self.dtype = dtype
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return (_rms_normalized(x, self.eps) * (1.0 + self.scale[...].astype(jnp.float32))).astype(self.dtype)
+
+
+def norm_class(config: ModelConfig) -> type:
+    return GemmaRMSNorm if config.gemma else RMSNorm
 
 
 class Linear(nnx.Module):
@@ -208,9 +254,9 @@ def causal_query_blocks(length: int) -> list[tuple[int, int]]:
 
 
 class Attention(nnx.Module):
-    """Grouped-query self-attention with RoPE; Qwen3 adds RMSNorm on each query and key head before RoPE, and the
-    projections' biases are the config's (`qkv_bias`: Qwen2 always, `o_proj_bias`). The biases are added before
-    the norm and RoPE, as in transformers. `implementation` (`models.attention`) picks the full-sequence kernel;
+    """Grouped-query self-attention with RoPE; Qwen3 and Gemma 3 add RMSNorm on each query and key head before
+    RoPE, and the projections' biases are the config's (`qkv_bias`: Qwen2 always, `o_proj_bias`). The biases are
+    added before the norm and RoPE, as in transformers. Scores are scaled by `config.attention_scale`. `implementation` (`models.attention`) picks the full-sequence kernel;
     a cached one-token step (decoding) is XLA's over the attended slots, or the ragged Pallas kernel
     (`ragged_decode`) when the implementation is "splash" (`attention.resolve_decode`)."""
 
@@ -222,12 +268,18 @@ class Attention(nnx.Module):
         self.v_proj = Linear(width, config.num_kv_heads * head_dim, use_bias=qkv_bias, rngs=rngs, **dtypes)
         self.o_proj = Linear(config.num_heads * head_dim, width, use_bias=config.o_proj_bias, rngs=rngs, **dtypes)
         if config.qk_norm:
-            self.q_norm = RMSNorm(head_dim, eps=config.rms_norm_eps, **dtypes)
-            self.k_norm = RMSNorm(head_dim, eps=config.rms_norm_eps, **dtypes)
+            self.q_norm = norm_class(config)(head_dim, eps=config.rms_norm_eps, **dtypes)
+            self.k_norm = norm_class(config)(head_dim, eps=config.rms_norm_eps, **dtypes)
         else:
             self.q_norm = self.k_norm = None
         self.num_kv_heads, self.head_dim, self.dtype = config.num_kv_heads, head_dim, dtype
+        self.scale = config.attention_scale
         self.implementation = attention.check_implementation(implementation)
+        if config.layer_types:
+            if self.implementation not in ("auto", "xla"):
+                raise ValueError(f"{config.model_type} attends by XLA only (its sliding-window layers have no Pallas "
+                                 f"or cuDNN kernel here), got attention={implementation!r}")
+            self.implementation = "xla"
 
     def __call__(
         self,
@@ -294,13 +346,13 @@ class Attention(nnx.Module):
         return self.o_proj(out_btngk.reshape(batch, length, -1)), (k_bnsk, v_bnsk)
 
     def _attend(self, q_btngk: jax.Array, k_bnsk: jax.Array, v_bnsk: jax.Array, mask_bts: jax.Array) -> jax.Array:
-        """softmax(q k / sqrt(hd), masked) v [B, T, KV, G, hd]; scores in float32. Both batched matmuls take
+        """softmax(q k * scale, masked) v [B, T, KV, G, hd]; scores in float32. Both batched matmuls take
         their operands and give their results head-major ([B, KV, ...]), the layout XLA's CPU matmul kernels
         take without a copy."""
         q_bntgk = jnp.transpose(q_btngk, (0, 2, 1, 3, 4))
         scores_bntgs = jnp.einsum(
             "bntgk,bnsk->bntgs", q_bntgk, k_bnsk, preferred_element_type=jnp.float32
-        ) * (self.head_dim**-0.5)
+        ) * self.scale
         # `where`, not an additive bias: a row with no valid key (a padded query) gets uniform weights, never NaN.
         scores_bntgs = jnp.where(mask_bts[:, None, :, None, :], scores_bntgs, jnp.finfo(jnp.float32).min)
         probs_bntgs = jax.nn.softmax(scores_bntgs, axis=-1).astype(self.dtype)
@@ -308,8 +360,11 @@ class Attention(nnx.Module):
         return jnp.transpose(out_bntgk, (0, 2, 1, 3, 4))
 
 
+ACTIVATIONS = {"silu": jax.nn.silu, "gelu_pytorch_tanh": functools.partial(jax.nn.gelu, approximate=True)}
+
+
 class MLP(nnx.Module):
-    """SwiGLU: down(silu(gate(x)) * up(x))."""
+    """Gated MLP: down(act(gate(x)) * up(x)), act the config's (`hidden_act`: SiLU, SwiGLU; Gemma's GeLU-tanh)."""
 
     def __init__(self, config: ModelConfig, *, dtype, param_dtype, rngs: nnx.Rngs):
         width, hidden = config.hidden_size, config.intermediate_size
@@ -317,9 +372,10 @@ class MLP(nnx.Module):
         self.gate_proj = Linear(width, hidden, use_bias=False, rngs=rngs, **dtypes)
         self.up_proj = Linear(width, hidden, use_bias=False, rngs=rngs, **dtypes)
         self.down_proj = Linear(hidden, width, use_bias=False, rngs=rngs, **dtypes)
+        self.activation = ACTIVATIONS[config.hidden_act]
 
     def __call__(self, x_btd: jax.Array) -> jax.Array:
-        h_btf = jax.nn.silu(self.gate_proj(x_btd)) * self.up_proj(x_btd)
+        h_btf = self.activation(self.gate_proj(x_btd)) * self.up_proj(x_btd)
         return self.down_proj(h_btf)
 
 
@@ -337,7 +393,8 @@ class Experts(nnx.Module):
 class SparseMoE(nnx.Module):
     """Qwen3-MoE's mixture-of-experts MLP (transformers' `Qwen3MoeSparseMoeBlock`): a bias-free router `gate` to
     E logits, each token's top-k experts (`moe.route_top_k`, renormalised by `norm_topk_prob`), and their SwiGLU
-    outputs summed with the routing weights by grouped matmuls (`moe.experts_swiglu`), in `dtype`."""
+    outputs summed with the routing weights by grouped matmuls (`moe.experts_swiglu`), in `dtype`. Returns the
+    output [B, T, D] and the router logits [B, T, E] (for the load-balancing loss)."""
 
     def __init__(self, config: ModelConfig, *, dtype, param_dtype, rngs: nnx.Rngs):
         self.gate = Linear(config.hidden_size, config.num_experts, use_bias=False, dtype=dtype,
@@ -345,13 +402,14 @@ class SparseMoE(nnx.Module):
         self.experts = Experts(config, param_dtype=param_dtype, rngs=rngs)
         self.top_k, self.normalize, self.dtype = config.num_experts_per_tok, config.norm_topk_prob, dtype
 
-    def __call__(self, x_btd: jax.Array) -> jax.Array:
+    def __call__(self, x_btd: jax.Array) -> tuple[jax.Array, jax.Array]:
         x_td = x_btd.reshape(-1, x_btd.shape[-1]).astype(self.dtype)
-        weights_tk, experts_tk = moe.route_top_k(self.gate(x_td), self.top_k, normalize=self.normalize)
+        router_logits_te = self.gate(x_td)
+        weights_tk, experts_tk = moe.route_top_k(router_logits_te, self.top_k, normalize=self.normalize)
         cast = lambda param: param[...].astype(self.dtype)  # noqa: E731
         out_td = moe.experts_swiglu(x_td, weights_tk, experts_tk, cast(self.experts.gate_edf),
                                     cast(self.experts.up_edf), cast(self.experts.down_efd))
-        return out_td.reshape(x_btd.shape)
+        return out_td.reshape(x_btd.shape), router_logits_te.reshape(*x_btd.shape[:-1], -1)
 
 
 class DecoderLayer(nnx.Module):
@@ -364,13 +422,37 @@ class DecoderLayer(nnx.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps, **dtypes)
         self.self_attn = Attention(config, rngs=rngs, implementation=attention, **dtypes)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps, **dtypes)
+        self.sparse = sparse
         self.mlp = SparseMoE(config, rngs=rngs, **dtypes) if sparse else MLP(config, rngs=rngs, **dtypes)
 
     def __call__(self, x_btd, cos_btk, sin_btk, mask_bts, cache_kv=None, cache_end=None):
-        """Returns the new residual stream [B, T, D] and the attention's keys and values (see `Attention`)."""
+        """Returns the new residual stream [B, T, D], the attention's keys and values (see `Attention`) and the
+        router logits [B, T, E] of a mixture-of-experts layer (None in a dense one)."""
         attn_btd, kv = self.self_attn(self.input_layernorm(x_btd), cos_btk, sin_btk, mask_bts, cache_kv, cache_end)
         x_btd = x_btd + attn_btd
-        return x_btd + self.mlp(self.post_attention_layernorm(x_btd)), kv
+        mlp_input_btd = self.post_attention_layernorm(x_btd)
+        mlp_btd, router_logits_bte = self.mlp(mlp_input_btd) if self.sparse else (self.mlp(mlp_input_btd), None)
+        return x_btd + mlp_btd, kv, router_logits_bte
+
+
+class GemmaDecoderLayer(nnx.Module):
+    """Gemma 3's block (transformers' `Gemma3DecoderLayer`): x + post_attention_norm(attn(input_norm(x))), then
+    x + post_feedforward_norm(mlp(pre_feedforward_norm(x))), every norm a `GemmaRMSNorm`. Returns what
+    `DecoderLayer` returns (no router logits)."""
+
+    def __init__(self, config: ModelConfig, *, dtype, param_dtype, rngs: nnx.Rngs, attention: str = "auto"):
+        dtypes = dict(dtype=dtype, param_dtype=param_dtype)
+        for name in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                     "post_feedforward_layernorm"):
+            setattr(self, name, GemmaRMSNorm(config.hidden_size, eps=config.rms_norm_eps, **dtypes))
+        self.self_attn = Attention(config, rngs=rngs, implementation=attention, **dtypes)
+        self.mlp = MLP(config, rngs=rngs, **dtypes)
+        self.sparse = False
+
+    def __call__(self, x_btd, cos_btk, sin_btk, mask_bts, cache_kv=None, cache_end=None):
+        attn_btd, kv = self.self_attn(self.input_layernorm(x_btd), cos_btk, sin_btk, mask_bts, cache_kv, cache_end)
+        x_btd = x_btd + self.post_attention_layernorm(attn_btd)
+        return x_btd + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x_btd))), kv, None
 
 
 def _apply_layer(layer: DecoderLayer, *args):
@@ -418,10 +500,16 @@ class Decoder(nnx.Module):
             raise ValueError("scan_layers needs layers of one structure; this config mixes dense and "
                              f"mixture-of-experts layers (mlp_only_layers={config.mlp_only_layers}, "
                              f"decoder_sparse_step={config.decoder_sparse_step})")
-        self.layers = nnx.List([DecoderLayer(config, rngs=rngs, attention=attention, sparse=config.sparse_layer(i),
-                                             **dtypes)
-                                for i in range(config.num_layers)])
-        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps, **dtypes)
+        if config.gemma:
+            layers = [GemmaDecoderLayer(config, rngs=rngs, attention=attention, **dtypes)
+                      for _ in range(config.num_layers)]
+        else:
+            layers = [DecoderLayer(config, rngs=rngs, attention=attention, sparse=config.sparse_layer(i), **dtypes)
+                      for i in range(config.num_layers)]
+        self.layers = nnx.List(layers)
+        self.norm = norm_class(config)(config.hidden_size, eps=config.rms_norm_eps, **dtypes)
+        # Gemma's embedding scale, rounded to the parameters' dtype as transformers rounds it.
+        self.embed_scale = None if config.embed_scale is None else float(np.asarray(config.embed_scale, param_dtype))
         if config.tie_word_embeddings:
             self.lm_head = None
         else:
@@ -445,7 +533,18 @@ class Decoder(nnx.Module):
         capacity (the embedded engine's windows). None: all of them. A one-token step by the ragged decode kernel
         (`attention.resolve_decode`) reads each row's own slots instead, and takes no window.
         """
-        return self._forward(tokens_bt, positions_bt, attention_mask_bt, cache, attended_slots, keep_kv=False)
+        return self._forward(tokens_bt, positions_bt, attention_mask_bt, cache, attended_slots, keep_kv=False)[:2]
+
+    def forward_with_router_statistics(self, tokens_bt: jax.Array, positions_bt: jax.Array,
+                                       attention_mask_bt: jax.Array) -> tuple[jax.Array, RouterStatistics]:
+        """The pass without a cache of `__call__` (final-norm hidden states [B, T, D]), and the router statistics
+        of its mixture-of-experts layers (the learner's load-balancing loss). ValueError for a dense model."""
+        if not any(layer.sparse for layer in self.layers):
+            raise ValueError(f"a {self.config.model_type} model has no router: router statistics need a "
+                             "mixture of experts (qwen3_moe)")
+        hidden_btd, _, router = self._forward(tokens_bt, positions_bt, attention_mask_bt, None, None, keep_kv=False,
+                                              router_statistics=True)
+        return hidden_btd, router
 
     def prefill(self, tokens_bt: jax.Array, positions_bt: jax.Array,
                 attention_mask_bt: jax.Array) -> tuple[jax.Array, KVCache]:
@@ -453,12 +552,17 @@ class Decoder(nnx.Module):
         values, end T. The same as `__call__` with an empty T-slot cache, but computed by the pass without one
         (causal attention by the full-sequence kernel: splash on TPU, cuDNN on GPU, XLA's causal query blocks),
         so a long prompt's prefill never builds its [B, T, T] scores at once. Layers run unrolled."""
-        return self._forward(tokens_bt, positions_bt, attention_mask_bt, None, None, keep_kv=True)
+        return self._forward(tokens_bt, positions_bt, attention_mask_bt, None, None, keep_kv=True)[:2]
 
-    def _forward(self, tokens_bt, positions_bt, attention_mask_bt, cache, attended_slots, *, keep_kv: bool):
+    def _forward(self, tokens_bt, positions_bt, attention_mask_bt, cache, attended_slots, *, keep_kv: bool,
+                 router_statistics: bool = False):
+        """(hidden_btd, cache, RouterStatistics or None); the router's only with `router_statistics`."""
         length = tokens_bt.shape[1]
         valid_bt = attention_mask_bt.astype(bool)
-        x_btd = self.shard_activations(self.embed_tokens(tokens_bt), ACTIVATION_AXES)
+        x_btd = self.embed_tokens(tokens_bt)
+        if self.embed_scale is not None:
+            x_btd = x_btd * jnp.asarray(self.embed_scale, x_btd.dtype)
+        x_btd = self.shard_activations(x_btd, ACTIVATION_AXES)
         cos_btk, sin_btk = rope_cos_sin(positions_bt, rope_inv_freq(self.config), self.dtype)
 
         if cache is None:
@@ -479,15 +583,26 @@ class Decoder(nnx.Module):
             attended_bs = valid_bs if attended_slots is None else valid_bs[:, :attended_slots]
             slot_s = jnp.arange(attended_bs.shape[1])
             mask_bts = attended_bs[:, None, :] & (slot_s[None, None, :] <= slot_bt[:, :, None])
+        # Each kind of layer's (cos, sin, mask): Gemma's local layers rotate by their own frequencies and see
+        # only the `sliding_window` slots up to their query's (only the XLA path, above, runs for them).
+        layer_inputs = {GLOBAL: (cos_btk, sin_btk, mask_bts)}
+        if SLIDING in self.config.layer_types:
+            local_mask_bts = mask_bts & (slot_bt[:, :, None] - slot_s[None, None, :] < self.config.sliding_window)
+            layer_inputs[SLIDING] = (*rope_cos_sin(positions_bt, local_rope_inv_freq(self.config), self.dtype),
+                                     local_mask_bts)
 
+        router = self._no_router_statistics(x_btd.shape[:2]) if router_statistics else None
         if cache is None and self.scan_layers and not keep_kv:
-            return self.norm(self._scanned_layers(x_btd, cos_btk, sin_btk, mask_bts)), None
+            x_btd, router = self._scanned_layers(x_btd, layer_inputs, router)
+            return self.norm(x_btd), None, router
         apply_layer = _apply_layer_remat if self.remat else _apply_layer
         keys, values = [], []
         for i, layer in enumerate(self.layers):
             cache_kv = None if cache is None else (cache.k_bnsk[i], cache.v_bnsk[i])
-            x_btd, (k_bnsk, v_bnsk) = apply_layer(layer, x_btd, cos_btk, sin_btk, mask_bts, cache_kv, end)
+            inputs = layer_inputs[SLIDING if self.config.sliding_layer(i) else GLOBAL]
+            x_btd, (k_bnsk, v_bnsk), router_logits_bte = apply_layer(layer, x_btd, *inputs, cache_kv, end)
             x_btd = self.shard_activations(x_btd, ACTIVATION_AXES)
+            router = self._add_router_statistics(router, router_logits_bte)
             keys.append(k_bnsk)
             values.append(v_bnsk)
         hidden_btd = self.norm(x_btd)
@@ -496,7 +611,20 @@ class Decoder(nnx.Module):
             cache = KVCache(k_bnsk=tuple(keys), v_bnsk=tuple(values), valid_bs=valid_bs, end=cache.end + length)
         elif keep_kv:
             cache = KVCache(k_bnsk=tuple(keys), v_bnsk=tuple(values), valid_bs=valid_bt, end=jnp.int32(length))
-        return hidden_btd, cache
+        return hidden_btd, cache, router
+
+    def _no_router_statistics(self, batch_shape: tuple[int, int]) -> RouterStatistics:
+        zeros_bte = jnp.zeros((*batch_shape, self.config.num_experts), jnp.float32)
+        return RouterStatistics(probs_bte=zeros_bte, assigned_bte=zeros_bte, layers=0)
+
+    def _add_router_statistics(self, router: Optional[RouterStatistics],
+                               router_logits_bte: Optional[jax.Array]) -> Optional[RouterStatistics]:
+        """`router` plus one layer's statistics (unchanged when not collecting, or for a dense layer)."""
+        if router is None or router_logits_bte is None:
+            return router
+        probs_bte, assigned_bte = moe.router_statistics(router_logits_bte, self.config.num_experts_per_tok)
+        return RouterStatistics(probs_bte=router.probs_bte + probs_bte,
+                                assigned_bte=router.assigned_bte + assigned_bte, layers=router.layers + 1)
 
     def _fused_attention(self, length: int) -> bool:
         """Whether the layers attend to a full sequence of `length` tokens with a fused kernel (not "xla")."""
@@ -508,17 +636,35 @@ class Decoder(nnx.Module):
         reads each row's own slots and takes no `attended_slots` window."""
         return attention.resolve_decode(self.layers[0].self_attn.implementation) == "ragged"
 
-    def _scanned_layers(self, x_btd, cos_btk, sin_btk, mask_bts) -> jax.Array:
+    def _scanned_layers(self, x_btd, layer_inputs: dict[str, tuple[jax.Array, jax.Array, jax.Array]],
+                        router: Optional[RouterStatistics]) -> tuple[jax.Array, Optional[RouterStatistics]]:
         """The residual stream after every layer, as a `lax.scan` over the layers' stacked parameters (the
-        class docstring's `scan_layers`); each step rebuilds one layer from its slice of them."""
+        class docstring's `scan_layers`); each step rebuilds one layer from its slice of them, and takes its
+        kind's (cos, sin, mask) by a per-layer flag (Gemma's local layers). `router`, when collecting,
+        accumulates in the loop's carry."""
         graphdef, _ = nnx.split(self.layers[0])
         stacked = jax.tree.map(lambda *leaves: jnp.stack(leaves), *(nnx.state(layer) for layer in self.layers))
+        sliding_l = jnp.array([self.config.sliding_layer(i) for i in range(len(self.layers))])
+        sums = None if router is None else (router.probs_bte, router.assigned_bte)
 
-        def step(x_btd, layer_state):
-            x_btd, _ = nnx.merge(graphdef, layer_state)(x_btd, cos_btk, sin_btk, mask_bts, None, None)
-            return self.shard_activations(x_btd, ACTIVATION_AXES), None
+        def step(carry, layer):
+            x_btd, sums = carry
+            layer_state, sliding = layer
+            inputs = layer_inputs[GLOBAL]
+            if SLIDING in layer_inputs:
+                inputs = jax.tree.map(lambda local, full: jnp.where(sliding, local, full), layer_inputs[SLIDING],
+                                      inputs)
+            x_btd, _, router_logits_bte = nnx.merge(graphdef, layer_state)(x_btd, *inputs, None, None)
+            if sums is not None:
+                layer_sums = moe.router_statistics(router_logits_bte, self.config.num_experts_per_tok)
+                sums = jax.tree.map(jnp.add, sums, layer_sums)
+            return (self.shard_activations(x_btd, ACTIVATION_AXES), sums), None
 
-        return jax.lax.scan(jax.checkpoint(step) if self.remat else step, x_btd, stacked)[0]
+        x_btd, sums = jax.lax.scan(jax.checkpoint(step) if self.remat else step, (x_btd, sums),
+                                   (stacked, sliding_l))[0]
+        if router is None:
+            return x_btd, None
+        return x_btd, RouterStatistics(probs_bte=sums[0], assigned_bte=sums[1], layers=len(self.layers))
 
     def unembed_kernel(self) -> jax.Array:
         """[D, V] in param_dtype: the embedding's transpose when tied, else lm_head's kernel."""

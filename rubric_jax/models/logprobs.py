@@ -159,10 +159,28 @@ def sequence_logprobs(
     logits computed). With prompts left-padded to a common width P and responses after them, first_scored = P
     computes the unembedding for the response region only, the same results on every response token.
     """
+    if not 1 <= first_scored <= tokens_bt.shape[1]:
+        raise ValueError(f"first_scored must be in [1, T = {tokens_bt.shape[1]}], got {first_scored}")
+    hidden_btd, _ = model(tokens_bt, positions_bt, attention_mask_bt)
+    return hidden_logprobs(model, hidden_btd, tokens_bt, response_mask_bt, chunk_size=chunk_size,
+                           temperature=temperature, first_scored=first_scored)
+
+
+def hidden_logprobs(
+    model: nnx.Module,
+    hidden_btd: jax.Array,
+    tokens_bt: jax.Array,
+    response_mask_bt: jax.Array,
+    *,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    temperature: float = 1.0,
+    first_scored: int = 1,
+) -> tuple[jax.Array, jax.Array]:
+    """`sequence_logprobs` from the decoder's final-norm hidden states of the same tokens, for a caller that runs
+    the decoder itself (the learner's pass that also collects router statistics)."""
     length = tokens_bt.shape[1]
     if not 1 <= first_scored <= length:
         raise ValueError(f"first_scored must be in [1, T = {length}], got {first_scored}")
-    hidden_btd, _ = model(tokens_bt, positions_bt, attention_mask_bt)
     # Score position t's hidden state against token t + 1 (predictor-aligned), then shift the results right by
     # one: slicing the targets instead of the hidden states avoids copying [B, T - 1, D] (first_scored = 1).
     next_mask_bt = jnp.pad(response_mask_bt[:, first_scored:].astype(bool), ((0, 0), (0, 1)))

@@ -35,7 +35,7 @@ def experts_swiglu(x_td: jax.Array, weights_tk: jax.Array, experts_tk: jax.Array
     """[T, D]: sum over k of weights_tk * down_e(silu(gate_e(x)) * up_e(x)) for e = experts_tk, by grouped matmuls
     over the assignments sorted by expert (module docstring). The weights are cast to x's dtype first, as
     transformers does."""
-    tokens, top_k = experts_tk.shape
+    top_k = experts_tk.shape[1]
     num_experts = gate_edf.shape[0]
     expert_a = experts_tk.reshape(-1)
     # A stable sort keeps each expert's tokens in token order.
@@ -50,18 +50,38 @@ def experts_swiglu(x_td: jax.Array, weights_tk: jax.Array, experts_tk: jax.Array
     return jnp.zeros_like(x_td).at[token_a].add(weighted_ad)
 
 
+def router_statistics(router_logits_te: jax.Array, top_k: int) -> tuple[jax.Array, jax.Array]:
+    """(probs_te, assigned_te), float32 [T, E]: one MoE layer's router probabilities (softmax in float32) and each
+    token's assignments (1 for each of its top-k experts, taken on the unnormalised softmax), the per-token
+    quantities of the load-balancing loss. Summed over layers, they stay sufficient for it."""
+    num_experts = router_logits_te.shape[-1]
+    probs_te = jax.nn.softmax(router_logits_te.astype(jnp.float32), axis=-1)
+    _, experts_tk = jax.lax.top_k(probs_te, top_k)
+    return probs_te, jnp.sum(jax.nn.one_hot(experts_tk, num_experts, dtype=jnp.float32), axis=-2)
+
+
+def load_balancing_token_loss(probs_bte: jax.Array, assigned_bte: jax.Array, mask_bt: jax.Array,
+                              num_layers: int) -> jax.Array:
+    """[B, T] float32: the load-balancing loss as a per-token term, from the `router_statistics` of the tokens
+    summed over `num_layers` MoE layers. Its mean over the tokens of `mask_bt` is `load_balancing_loss` of those
+    tokens, with the same gradient: E * sum_e sg(f_e) * p_te / L per token, f_e the share of the masked tokens'
+    assignments that go to expert e (a count, with no gradient, as in Switch Transformers), p_te the token's router
+    probability of e averaged over the layers. 0 off the mask."""
+    num_experts = probs_bte.shape[-1]
+    mask_bt = mask_bt.astype(jnp.float32)
+    rows = num_layers * jnp.maximum(jnp.sum(mask_bt), 1.0)
+    share_e = jax.lax.stop_gradient(jnp.einsum("bte,bt->e", assigned_bte, mask_bt) / rows)
+    return num_experts * jnp.einsum("bte,e->bt", probs_bte, share_e) / num_layers * mask_bt
+
+
 def load_balancing_loss(router_logits_lte: jax.Array, valid_t: jax.Array, top_k: int) -> jax.Array:
     """The router's auxiliary loss of Switch Transformers as Qwen3-MoE computes it (transformers'
     `load_balancing_loss_func`): E * sum_e f_e * P_e over every layer's router logits [L, T, E], where f_e is the
     share of the valid tokens' top-k assignments (over all layers) that go to expert e (the f_e sum to k) and P_e
     the mean router probability of expert e over the valid tokens of every layer. valid_t [T] masks padding; the
     top-k is taken on the unnormalised softmax, as there."""
-    num_experts = router_logits_lte.shape[-1]
-    valid_t = valid_t.astype(jnp.float32)
-    probs_lte = jax.nn.softmax(router_logits_lte.astype(jnp.float32), axis=-1)
-    _, experts_ltk = jax.lax.top_k(probs_lte, top_k)
-    assigned_lte = jnp.sum(jax.nn.one_hot(experts_ltk, num_experts, dtype=jnp.float32), axis=2)
-    rows = router_logits_lte.shape[0] * jnp.sum(valid_t)
-    share_e = jnp.einsum("lte,t->e", assigned_lte, valid_t) / rows
-    prob_e = jnp.einsum("lte,t->e", probs_lte, valid_t) / rows
-    return num_experts * jnp.sum(share_e * prob_e)
+    probs_lte, assigned_lte = jax.vmap(router_statistics, in_axes=(0, None))(router_logits_lte, top_k)
+    valid_1t = valid_t[None, :]
+    loss_1t = load_balancing_token_loss(jnp.sum(probs_lte, 0)[None], jnp.sum(assigned_lte, 0)[None], valid_1t,
+                                        router_logits_lte.shape[0])
+    return jnp.sum(loss_1t) / jnp.maximum(jnp.sum(valid_1t.astype(jnp.float32)), 1.0)

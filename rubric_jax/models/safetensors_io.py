@@ -11,6 +11,10 @@ Conventions:
   transformers requires.
 - Tied embeddings (`tie_word_embeddings`): no `lm_head.weight` is saved, and one found on load is ignored, as
   transformers does (the embedding is the unembedding).
+- A multimodal checkpoint (`ModelConfig.language_model`: Gemma 3 4B and up) loads as its language model: its
+  tensors are named `model.language_model.*` (what transformers 5 writes) or `language_model.model.*` (the
+  published files), read as the text model's `model.*`; the vision tower and the projector are left unread. It
+  saves as the text model (`Gemma3ForCausalLM`), which transformers and SGLang load with the same tokenizer.
 
 Host memory (the host never holds two copies of the model, nor one whole copy):
 - Load builds the Decoder abstractly (`nnx.eval_shape`: shapes only, no random init) and creates each
@@ -84,6 +88,10 @@ _SAFETENSORS_DTYPES = {
 # Tensors some published checkpoints carry that hold no parameter of ours: old Llama exports saved RoPE's
 # inverse frequencies as a buffer (the decoder computes them from the config).
 _IGNORED_TENSORS = re.compile(r"^model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq$")
+# A multimodal checkpoint's language model, in either layout, and what is not the language model.
+_LANGUAGE_MODEL_PREFIXES = (("model.language_model.", "model."), ("language_model.model.", "model."),
+                            ("language_model.lm_head.", "lm_head."))
+_NOT_LANGUAGE_MODEL = re.compile(r"^(model\.)?(vision_tower|multi_modal_projector)\.")
 
 
 def hf_name_table(config: ModelConfig) -> HfNameTable:
@@ -111,7 +119,9 @@ def hf_name_table(config: ModelConfig) -> HfNameTable:
         else:
             for proj in ("gate_proj", "up_proj", "down_proj"):
                 table[f"{hf}.mlp.{proj}.weight"] = HfTensor(path + ("mlp", proj, "kernel"), True)
-        for norm in ("input_layernorm", "post_attention_layernorm"):
+        norms = ("input_layernorm", "post_attention_layernorm") + \
+            (("pre_feedforward_layernorm", "post_feedforward_layernorm") if config.gemma else ())
+        for norm in norms:
             table[f"{hf}.{norm}.weight"] = HfTensor(path + (norm, "scale"), False)
     table["model.norm.weight"] = HfTensor(("norm", "scale"), False)
     if not config.tie_word_embeddings:
@@ -161,6 +171,20 @@ def _open_tensors(directory: Path) -> Iterator[dict[str, Any]]:
             reader = stack.enter_context(safe_open(str(directory / file), framework="numpy"))
             handles.update({name: reader.get_slice(name) for name in reader.keys()})
         yield handles
+
+
+def _language_model_tensors(handles: Mapping[str, Any]) -> dict[str, Any]:
+    """A multimodal checkpoint's language-model tensors under the text model's names (module docstring)."""
+    renamed = {}
+    for name, handle in handles.items():
+        if _NOT_LANGUAGE_MODEL.match(name):
+            continue
+        for prefix, text_prefix in _LANGUAGE_MODEL_PREFIXES:
+            if name.startswith(prefix):
+                name = text_prefix + name[len(prefix):]
+                break
+        renamed[name] = handle
+    return renamed
 
 
 def _is_ignorable(name: str, config: ModelConfig) -> bool:
@@ -247,6 +271,8 @@ def load_hf_checkpoint(
     variables = dict(nnx.to_flat_state(abstract_state))
     _check_table_covers(table, variables)
     with _open_tensors(directory) as handles:
+        if config.language_model:
+            handles = _language_model_tensors(handles)
         _check_tensor_names(table, list(handles), config, directory)
         for path, entries in _by_parameter(table).items():
             leaf = variables[path].get_value()

@@ -1,9 +1,15 @@
-"""The one place that maps parameters and activations to PartitionSpecs over a mesh with axes (data, fsdp, tensor).
+"""The one place that maps parameters and activations to PartitionSpecs over a mesh with axes
+(data, fsdp, expert, tensor).
 
 Axes:
 - "data": pure data parallelism; parameters are replicated over it, the batch is split over it.
 - "fsdp": the batch is split over it too, and every large parameter is sharded over it along its model
   dimension D (ZeRO-3 style: XLA all-gathers a weight where it is used, reduce-scatters its gradient).
+- "expert": the batch is split over it too, and a mixture of experts' stacked expert weights are sharded over it
+  along their expert dimension E (Qwen3-MoE; other parameters are replicated over it, as over "data"). Under
+  GSPMD a layer's experts are all-gathered where they are used, as "fsdp" gathers a weight: the axis divides the
+  experts' parameter, gradient and optimizer memory, while every device still runs the grouped matmuls of its own
+  tokens (no token all-to-all).
 - "tensor": Megatron-style tensor parallelism; attention heads, MLP hidden units and the vocabulary are split
   over it, activations between blocks are replicated over it.
 A mesh may give any axis size 1, so one rule set serves FSDP-only, TP-only and mixed meshes.
@@ -15,7 +21,7 @@ Parameter rules (regexes on the contract's dotted paths of `rubric_jax.models`, 
   mlp.{gate,up}_proj.kernel [D, F]     (fsdp, tensor)
   mlp.down_proj.kernel [F, D]          (tensor, fsdp)
   mlp.gate.kernel [D, E]               (fsdp, None)           the Qwen3-MoE router
-  mlp.experts.{gate,up}_edf [E, D, F]  (None, fsdp, tensor)   mlp.experts.down_efd [E, F, D]  (None, tensor, fsdp)
+  mlp.experts.{gate,up}_edf [E, D, F]  (expert, fsdp, tensor) mlp.experts.down_efd [E, F, D]  (expert, tensor, fsdp)
   *norm.scale                          replicated
   lm_head.kernel [D, V]                (fsdp, tensor)
   value_head.kernel [D, 1]             (fsdp, None)            bias [1]     replicated   (a critic, `models.value`)
@@ -50,8 +56,8 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from rubric_jax.models.config import ModelConfig
 
-MESH_AXES = ("data", "fsdp", "tensor")
-BATCH_AXES = ("data", "fsdp")
+MESH_AXES = ("data", "fsdp", "expert", "tensor")
+BATCH_AXES = ("data", "fsdp", "expert")
 
 # A dimension's mesh axes: one axis name, a tuple of names (split over their product), or None (replicated).
 AxisSpec = str | tuple[str, ...] | None
@@ -83,11 +89,11 @@ def partition_rules(config: ModelConfig | None = None) -> tuple[PartitionRule, .
         PartitionRule(r"self_attn\.o_proj\.bias$", (None,)),
         PartitionRule(r"mlp\.(gate|up)_proj\.kernel$", ("fsdp", "tensor")),
         PartitionRule(r"mlp\.down_proj\.kernel$", ("tensor", "fsdp")),
-        # Qwen3-MoE: the router [D, E] like a kernel's input side; the experts' stacked [E, D, F] / [E, F, D] like
-        # the dense MLP's kernels, each expert split the same way.
+        # Qwen3-MoE: the router [D, E] like a kernel's input side; the experts' stacked [E, D, F] / [E, F, D] over
+        # "expert", each expert split like the dense MLP's kernels.
         PartitionRule(r"mlp\.gate\.kernel$", ("fsdp", None)),
-        PartitionRule(r"mlp\.experts\.(gate|up)_edf$", (None, "fsdp", "tensor")),
-        PartitionRule(r"mlp\.experts\.down_efd$", (None, "tensor", "fsdp")),
+        PartitionRule(r"mlp\.experts\.(gate|up)_edf$", ("expert", "fsdp", "tensor")),
+        PartitionRule(r"mlp\.experts\.down_efd$", ("expert", "tensor", "fsdp")),
         PartitionRule(r"norm\.scale$", (None,)),
         PartitionRule(r"lm_head\.kernel$", ("fsdp", "tensor")),
         PartitionRule(r"value_head\.kernel$", ("fsdp", None)),
@@ -102,27 +108,28 @@ def partition_rules(config: ModelConfig | None = None) -> tuple[PartitionRule, .
 LOGICAL_AXES: Mapping[str, AxisSpec] = {"batch": BATCH_AXES, "seq": None, "embed": None, "vocab": "tensor"}
 
 
-def make_mesh(data: int = 1, fsdp: int = 1, tensor: int = 1, devices: Sequence[jax.Device] | None = None) -> Mesh:
-    """A (data, fsdp, tensor) mesh over `devices` (default: all devices of all processes).
+def make_mesh(data: int = 1, fsdp: int = 1, tensor: int = 1, devices: Sequence[jax.Device] | None = None, *,
+              expert: int = 1) -> Mesh:
+    """A (data, fsdp, expert, tensor) mesh over `devices` (default: all devices of all processes).
 
-    data * fsdp * tensor must equal the number of devices. Axes are `AxisType.Auto`: XLA propagates
+    data * fsdp * expert * tensor must equal the number of devices. Axes are `AxisType.Auto`: XLA propagates
     shardings from the parameters, inputs and `shard_activations` constraints (GSPMD), as the decoder expects.
     `jax.make_mesh` orders devices so that "tensor", the innermost axis, stays within fast interconnect.
     """
     devices = jax.devices() if devices is None else list(devices)
-    if data * fsdp * tensor != len(devices):
-        raise ValueError(
-            f"mesh data={data} x fsdp={fsdp} x tensor={tensor} needs {data * fsdp * tensor} devices, got {len(devices)}"
-        )
-    return jax.make_mesh((data, fsdp, tensor), MESH_AXES, axis_types=(AxisType.Auto,) * 3, devices=devices)
+    sizes = (data, fsdp, expert, tensor)
+    if int(np.prod(sizes)) != len(devices):
+        named = " x ".join(f"{name}={size}" for name, size in zip(MESH_AXES, sizes))
+        raise ValueError(f"mesh {named} needs {int(np.prod(sizes))} devices, got {len(devices)}")
+    return jax.make_mesh(sizes, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES), devices=devices)
 
 
 def decode_mesh(devices: Sequence[jax.Device], num_kv_heads: int, tensor: int | None = None) -> Mesh:
-    """The rollout engine's layout over `devices` (every process's, grouped by process): a (data, fsdp, tensor)
-    mesh with fsdp 1, "tensor" within a process, `tensor` devices wide (None: the most that divide both a
-    process's devices and the key/value heads, so a head is never split), "data" across the rest. Decoding reads
-    every weight once per step, so splitting the weights over a host's chips divides each chip's reads; rows split
-    over "data". ValueError when `tensor` does not divide a process's devices or the key/value heads."""
+    """The rollout engine's layout over `devices` (every process's, grouped by process): a (data, fsdp, expert,
+    tensor) mesh with fsdp and expert 1, "tensor" within a process, `tensor` devices wide (None: the most that
+    divide both a process's devices and the key/value heads, so a head is never split), "data" across the rest.
+    Decoding reads every weight once per step, so splitting the weights over a host's chips divides each chip's
+    reads; rows split over "data". ValueError when `tensor` does not divide a process's devices or the key/value heads."""
     devices = sorted(devices, key=lambda device: (device.process_index, device.id))
     per_process = sum(device.process_index == devices[0].process_index for device in devices)
     if tensor is None:
@@ -130,8 +137,8 @@ def decode_mesh(devices: Sequence[jax.Device], num_kv_heads: int, tensor: int | 
     if per_process % tensor or num_kv_heads % tensor:
         raise ValueError(f"rollout.tensor_parallel={tensor} must divide each process's {per_process} devices and the "
                          f"model's {num_kv_heads} key/value heads")
-    return Mesh(np.array(devices).reshape(len(devices) // tensor, 1, tensor), MESH_AXES,
-                axis_types=(AxisType.Auto,) * 3)
+    return Mesh(np.array(devices).reshape(len(devices) // tensor, 1, 1, tensor), MESH_AXES,
+                axis_types=(AxisType.Auto,) * len(MESH_AXES))
 
 
 def process_submesh(mesh: Mesh) -> Mesh:
@@ -163,7 +170,7 @@ def fit_spec(
     return PartitionSpec(*(_fitting_axes(a, n // u, axis_sizes) for a, n, u in zip(spec, shape, units)))
 
 
-def _path_str(path: Sequence[Any]) -> str:
+def path_str(path: Sequence[Any]) -> str:
     """A pytree key path as the contract's dotted path: ('layers', 0, 'mlp', ...) -> 'layers.0.mlp...'.
     nnx.Variable's own `.value` key is dropped."""
     names = []
@@ -185,7 +192,7 @@ def param_partition_spec(
     """PartitionSpec of a parameter (or of a leaf whose path ends in one) of this shape on a mesh of
     `axis_sizes` ({name: size}). `path` is dotted ('layers.0.mlp.up_proj.kernel') or a pytree key path.
     The first rule whose pattern matches and whose rank equals the leaf's applies; none: replicated."""
-    path = path if isinstance(path, str) else _path_str(path)
+    path = path if isinstance(path, str) else path_str(path)
     for rule in rules:
         if len(rule.spec) == len(shape) and re.search(rule.pattern, path):
             return fit_spec(rule.spec, shape, axis_sizes, rule.units)
@@ -206,7 +213,7 @@ def param_shardings(abstract_state: Any, mesh: Mesh, rules: Sequence[PartitionRu
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:
-    """Rows over (data, fsdp), everything else replicated: the layout of every [B, ...] input of a step."""
+    """Rows over (data, fsdp, expert), everything else replicated: the layout of every [B, ...] input of a step."""
     return NamedSharding(mesh, PartitionSpec(BATCH_AXES))
 
 
@@ -219,7 +226,7 @@ def _check_rows_split(sharding: NamedSharding) -> None:
     if len(local) * jax.process_count() != blocks:
         raise ValueError(
             f"mesh {dict(sharding.mesh.shape)} gives this process {len(local)} of {blocks} batch shards over "
-            f"{jax.process_count()} processes: data * fsdp must split evenly among the processes"
+            f"{jax.process_count()} processes: data * fsdp * expert must split evenly among the processes"
         )
 
 

@@ -3,7 +3,7 @@ with exact gradient accumulation over micro-batches.
 
 State: the model as `nnx.split(model)` (a static graphdef and an `nnx.State` of parameters; the decoder holds
 no other variables) and an optax optimizer state. Both are donated to the step and come back with the
-layouts of `sharding.param_shardings`; every batch array is split by rows over (data, fsdp).
+layouts of `sharding.param_shardings`; every batch array is split by rows over (data, fsdp, expert).
 
 `make_update_step` is generic in the model and its loss: `forward_loss(model, batch) -> (loss_bt,
 token_metrics)`; `make_train_step` is the policy's (`models.value.make_value_train_step` a critic's). The policy
@@ -27,7 +27,7 @@ aggregation, before dealing micro-batches: a per-token term times these weights,
 its token mean over the whole batch's response tokens whatever the aggregation and the micro-batching (an
 entropy bonus as LUFFY aggregates it).
 Per-token arrays are aligned with the target tokens, as `logprobs.sequence_logprobs` returns them (and as a
-rollout engine reports logprobs). B must be divisible by micro_batches * data * fsdp.
+rollout engine reports logprobs). B must be divisible by micro_batches * data * fsdp * expert.
 """
 
 from collections.abc import Callable, Mapping, Sequence
@@ -41,8 +41,8 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from rubric_jax.core import aggregation
-from rubric_jax.models import sharding
-from rubric_jax.models.logprobs import DEFAULT_CHUNK_SIZE, sequence_logprobs
+from rubric_jax.models import moe, sharding
+from rubric_jax.models.logprobs import DEFAULT_CHUNK_SIZE, hidden_logprobs, sequence_logprobs
 
 Batch = Mapping[str, jax.Array]
 TokenMetrics = Mapping[str, jax.Array]
@@ -278,23 +278,38 @@ def make_train_step(
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     temperature: float = 1.0,
     first_scored: int = 1,
+    router_aux_loss_coef: float = 0.0,
 ) -> Callable[[nnx.State, optax.OptState, Batch], tuple[nnx.State, optax.OptState, dict[str, jax.Array]]]:
     """The policy's `make_update_step`: `sequence_logprobs` of the batch's response tokens, then
     `loss_fn(logp_bt, entropy_bt, batch)`. Metrics: "loss", "grad_norm", "entropy" and each of the loss's token
     metrics, as means over response tokens. `chunk_size`, `temperature` and `first_scored` (skip a shared prompt
     region) go to `logprobs.sequence_logprobs`.
+
+    `router_aux_loss_coef` > 0 (a mixture of experts only) adds coef times the routers' load-balancing loss
+    (`moe.load_balancing_token_loss`) over the response tokens, whatever the aggregation (TOKEN_MEAN_WEIGHTS):
+    each micro-batch's expert shares f_e are its own, as transformers takes them per forward pass, and only
+    the tokens the loss trains count (transformers counts every non-padding token). Token metric
+    "router_balance": that loss, unscaled (num_experts_per_tok when assignments and probabilities spread evenly).
     """
+    if not router_aux_loss_coef >= 0:
+        raise ValueError(f"router_aux_loss_coef must be >= 0, got {router_aux_loss_coef!r}")
 
     def forward_loss(model, batch):
-        logp_bt, entropy_bt = sequence_logprobs(
-            model,
-            *(batch[key] for key in POLICY_INPUTS),
-            chunk_size=chunk_size,
-            temperature=temperature,
-            first_scored=first_scored,
-        )
+        tokens_bt, positions_bt, attention_mask_bt, response_mask_bt = (batch[key] for key in POLICY_INPUTS)
+        if router_aux_loss_coef:
+            hidden_btd, router = model.forward_with_router_statistics(tokens_bt, positions_bt, attention_mask_bt)
+        else:
+            (hidden_btd, _), router = model(tokens_bt, positions_bt, attention_mask_bt), None
+        logp_bt, entropy_bt = hidden_logprobs(model, hidden_btd, tokens_bt, response_mask_bt, chunk_size=chunk_size,
+                                              temperature=temperature, first_scored=first_scored)
         loss_bt, token_metrics = loss_fn(logp_bt, entropy_bt, batch)
-        return loss_bt, {"entropy": entropy_bt, **token_metrics}
+        token_metrics = {"entropy": entropy_bt, **token_metrics}
+        if router is not None:
+            balance_bt = moe.load_balancing_token_loss(router.probs_bte, router.assigned_bte, response_mask_bt,
+                                                       router.layers)
+            loss_bt = loss_bt + router_aux_loss_coef * balance_bt * batch[TOKEN_MEAN_WEIGHTS]
+            token_metrics["router_balance"] = balance_bt
+        return loss_bt, token_metrics
 
     return make_update_step(graphdef, optimizer, forward_loss, mesh=mesh, abstract_params=abstract_params,
                             rules=rules, aggregate=aggregate, micro_batches=micro_batches)
@@ -313,7 +328,7 @@ def make_forward_fn(
     over `mesh`, without gradients; the batch is cut to the POLICY_INPUTS it reads. With `micro_batches = M` the
     rows are dealt into M micro-batches as the train step deals them and run one after another (`lax.scan`), so
     the pass's activations are those of B / M rows; each row's result does not depend on M (up to float summation
-    order). B must be divisible by M * data * fsdp."""
+    order). B must be divisible by M * data * fsdp * expert."""
     if not isinstance(micro_batches, int) or micro_batches < 1:
         raise ValueError(f"micro_batches must be an int >= 1, got {micro_batches!r}")
     param_shardings = sharding.param_shardings(abstract_params, mesh, rules)

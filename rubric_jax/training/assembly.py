@@ -25,7 +25,7 @@ from rubric_jax.training.runs import RunStopped
 def make_engine(config: RLConfig, model, tokenizer, version: str) -> RolloutEngine:
     """The rollout engine the config names, serving `model`'s weights under the name `version` (an SGLang server
     is sent them)."""
-    eos_ids, pad_id = policy.eos_and_pad(tokenizer)
+    eos_ids, pad_id = policy.eos_and_pad(tokenizer, model.config.eos_token_id)
     if config.rollout.engine == "sglang":
         from rubric_jax.inference.sglang import SGLangEngine  # noqa: PLC0415  (only on hosts with a server)
 
@@ -133,7 +133,7 @@ def saved_model_engine(model_dir: str | os.PathLike, *, seed: int, sglang_url: O
     (the embedded sampler, for CPU and small models) or, with `sglang_url`, by an SGLang server already serving
     it (the directory then gives only the tokenizer)."""
     tokenizer = load_tokenizer(model_dir)
-    eos_ids, pad_id = policy.eos_and_pad(tokenizer)
+    eos_ids, pad_id = policy.eos_and_pad(tokenizer, ModelConfig.from_pretrained(model_dir).eos_token_id)
     if sglang_url is None:
         return EmbeddedEngine(load_hf_checkpoint(model_dir), tokenizer=tokenizer,
                               chat_template_kwargs=chat_template_kwargs, eos_token_ids=eos_ids, pad_id=pad_id,

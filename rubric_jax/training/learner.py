@@ -86,7 +86,8 @@ class Learner:
                 loss_fn = train_step.with_detached_old_logprobs(loss_fn)
             update = train_step.make_train_step(
                 self.graphdef, self.optimizer, loss_fn, aggregate=self.algorithm.aggregate(),
-                micro_batches=self.config.learner.micro_batches, **common)
+                micro_batches=self.config.learner.micro_batches,
+                router_aux_loss_coef=self.config.learner.router_aux_loss_coef, **common)
             logprobs = train_step.make_logprobs_fn(self.graphdef, micro_batches=self.config.learner.forward_splits,
                                                    **common)
             self._compiled[prompt_width] = (update, logprobs)

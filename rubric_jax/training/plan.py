@@ -18,9 +18,10 @@ Conventions:
   the chip's HBM (or a smaller budget, `hbm_bytes`). `search_learner` finds the fewest micro-batches (and remat)
   that fit.
 - FLOPs: XLA's count (`compiled.cost_analysis()`, per chip) times the chips and the micro-batches (XLA counts a
-  loop body once). The model's FLOPs are 6 * N * tokens (forward and backward, N the parameter count, attention
-  not counted). The step's FLOPs are the larger of the two (XLA's count misses the splash kernel and counts the
-  logits' chunk loop once); the step time's lower bound is those at the chips' peak bf16 rate, the MFU ceiling
+  loop body once). The model's FLOPs are 6 * N * tokens (forward and backward, attention not counted), N the
+  parameters a token passes through: all of a dense model's, and a mixture of experts' with only
+  num_experts_per_tok of its experts (its active parameters). The step's FLOPs are the larger of the two (XLA's
+  count misses the splash kernel and counts the logits' chunk loop once); the step time's lower bound is those at the chips' peak bf16 rate, the MFU ceiling
   the model's FLOPs over them (what remat and attention add lowers it).
 """
 
@@ -174,6 +175,7 @@ class Plan:
     chip: Chip
     mesh: dict[str, int]
     parameters: int
+    active_parameters: int
     roles: dict[str, RoleRows]
     rows: int
     logprob_rows: int
@@ -200,7 +202,7 @@ class Plan:
 
     @property
     def chips(self) -> int:
-        return self.mesh["data"] * self.mesh["fsdp"] * self.mesh["tensor"]
+        return math.prod(self.mesh.values())
 
     @property
     def fits(self) -> bool:
@@ -208,7 +210,7 @@ class Plan:
 
     @property
     def model_flops(self) -> float:
-        return 6.0 * self.parameters * self.rows * self.length
+        return 6.0 * self.active_parameters * self.rows * self.length
 
     @property
     def compiled_flops(self) -> Optional[float]:
@@ -231,6 +233,11 @@ class Plan:
     def mfu_ceiling(self) -> float:
         return self.model_flops / self.step_flops
 
+    def _active_note(self) -> str:
+        if self.active_parameters == self.parameters:
+            return ""
+        return f" ({self.active_parameters / 1e9:.2f} B active per token)"
+
     def report(self) -> str:
         """The plan as a few lines of text."""
         hbm = self.chip.hbm_bytes
@@ -241,8 +248,8 @@ class Plan:
         lines = [
             f"topology {self.topology}: {self.chips} chips, mesh {mesh}, {_gib(hbm)} HBM and "
             f"{self.chip.peak_flops / 1e12:.0f} TFLOP/s bf16 per chip",
-            f"model: {self.parameters / 1e9:.2f} B parameters; rows per step: {roles}; learner state per chip: "
-            f"{state}",
+            f"model: {self.parameters / 1e9:.2f} B parameters{self._active_note()}; rows per step: {roles}; "
+            f"learner state per chip: {state}",
             f"train step: {self.rows} rows x {self.length} tokens, {self.micro_batches} micro-batches, remat "
             f"{'on' if self.remat else 'off'}, layers {'scanned' if self.scan_layers else 'unrolled'}, "
             f"{self.compute_dtype} activations, attention {self.attention}; logprobs: {self.logprob_rows} rows, "
@@ -253,7 +260,8 @@ class Plan:
             # Without XLA's count the bound is the model's FLOPs at peak, and an MFU ceiling would say nothing.
             compiled, ceiling = (("n/a (scanned layers)", "") if self.compiled_flops is None else
                                  (f"{self.compiled_flops:.3e}", f", MFU <= {self.mfu_ceiling:.0%}"))
-            lines.append(f"FLOPs per train step: compiled {compiled}, 6 N tokens "
+            n = "N_active" if self.active_parameters != self.parameters else "N"
+            lines.append(f"FLOPs per train step: compiled {compiled}, 6 {n} tokens "
                          f"{self.model_flops:.3e}; step time >= {self.step_time_lower_bound_s:.2f} s{ceiling}")
         lines.append("fits" if self.fits else "DOES NOT FIT in HBM")
         return "\n".join(lines)
@@ -290,6 +298,7 @@ class _Learner:
     chip: Chip
     mesh: Any
     parameters: int
+    active_parameters: int
     roles: dict[str, RoleRows]
     rows: int
     length: int
@@ -323,11 +332,12 @@ def _learner(config: RLConfig, model_config: ModelConfig, topology: str, prompt_
         chip = dataclasses.replace(chip, hbm_bytes=hbm_bytes)
     learner, rollout = config.learner, config.rollout
     mesh_config = learner.mesh
-    if mesh_config.data * mesh_config.fsdp * mesh_config.tensor != len(devices):
-        raise ValueError(f"learner.mesh (data {mesh_config.data} x fsdp {mesh_config.fsdp} x tensor "
-                         f"{mesh_config.tensor}) must have one device per chip of {topology} ({len(devices)}): "
-                         f"override it, e.g. learner.mesh.fsdp={len(devices)}")
-    mesh = sharding.make_mesh(mesh_config.data, mesh_config.fsdp, mesh_config.tensor, devices=devices)
+    if mesh_config.devices != len(devices):
+        raise ValueError(f"learner.mesh (data {mesh_config.data} x fsdp {mesh_config.fsdp} x expert "
+                         f"{mesh_config.expert} x tensor {mesh_config.tensor}) must have one device per chip of "
+                         f"{topology} ({len(devices)}): override it, e.g. learner.mesh.fsdp={len(devices)}")
+    mesh = sharding.make_mesh(mesh_config.data, mesh_config.fsdp, mesh_config.tensor, devices=devices,
+                              expert=mesh_config.expert)
     algorithm_config, resolved = resolve_algorithm(config)
     algorithm = algorithm_class(resolved.algorithm.name)(algorithm_config)
     roles = algorithm.learner_rows(StepShape(rollout.prompts_per_step, rollout.group_size, prompt_tokens,
@@ -356,7 +366,8 @@ def _learner(config: RLConfig, model_config: ModelConfig, topology: str, prompt_
     functions = {
         "train step": (train_step.make_train_step(graphdef, optimizer, algorithm.loss_fn(),
                                                   aggregate=algorithm.aggregate(),
-                                                  micro_batches=learner.micro_batches, **policy_common),
+                                                  micro_batches=learner.micro_batches,
+                                                  router_aux_loss_coef=learner.router_aux_loss_coef, **policy_common),
                        ("policy", "optimizer"),
                        _abstract_batch(rows // learner.mini_batches, length, batch_keys, mesh)),
         "logprobs": (train_step.make_logprobs_fn(graphdef, micro_batches=learner.forward_splits, **policy_common),
@@ -381,7 +392,8 @@ def _learner(config: RLConfig, model_config: ModelConfig, topology: str, prompt_
         kernel = attention.resolve(resolved.model.attention, length, head_width=model_config.head_dim,
                                    dtype=abstract_model.dtype)
     return _Learner(config=config, topology=topology, chip=chip, mesh=mesh, parameters=_count(abstract_params),
-                    roles=roles, rows=rows, length=length, attention=kernel, state=state, functions=functions)
+                    active_parameters=active_parameters(abstract_params, model_config), roles=roles, rows=rows,
+                    length=length, attention=kernel, state=state, functions=functions)
 
 
 def _update_phases(learner: _Learner) -> list[Phase]:
@@ -395,7 +407,8 @@ def _forward_phases(learner: _Learner) -> list[Phase]:
 def _plan(update_learner: _Learner, forward_learner: _Learner, phases: Sequence[Phase]) -> Plan:
     update_config = update_learner.config
     return Plan(topology=update_learner.topology, chip=update_learner.chip, mesh=dict(update_learner.mesh.shape),
-                parameters=update_learner.parameters, roles=update_learner.roles,
+                parameters=update_learner.parameters, active_parameters=update_learner.active_parameters,
+                roles=update_learner.roles,
                 rows=update_learner.rows // update_config.learner.mini_batches, logprob_rows=forward_learner.rows,
                 length=update_learner.length, micro_batches=update_config.learner.micro_batches,
                 forward_micro_batches=forward_learner.config.learner.forward_splits,
@@ -483,6 +496,17 @@ def search_learner(config: RLConfig, model_config: ModelConfig, topology: str, *
 
 def _count(abstract_params: Any) -> int:
     return sum(leaf.size for leaf in jax.tree.leaves(abstract_params))
+
+
+def active_parameters(abstract_params: Any, config: ModelConfig) -> int:
+    """The parameters one token passes through: every parameter, but of a mixture of experts' stacked experts only
+    the num_experts_per_tok of num_experts that route it (the embedding counts whole, as in 6 N)."""
+    def active(path, leaf) -> int:
+        if ".experts." in f".{sharding.path_str(path)}.":
+            return leaf.size // config.num_experts * config.num_experts_per_tok
+        return leaf.size
+
+    return sum(jax.tree.leaves(jax.tree_util.tree_map_with_path(active, abstract_params)))
 
 
 def model_config(config: RLConfig, preset: Optional[str]) -> ModelConfig:

@@ -31,12 +31,12 @@ VOCAB_MULTIPLE = 64
 
 
 def make_mesh(config: MeshConfig) -> Mesh:
-    """The learner's mesh over the first data * fsdp * tensor devices (all of them when the config names them all;
-    ValueError when there are fewer)."""
-    size = config.data * config.fsdp * config.tensor
-    if size > jax.device_count():
-        raise ValueError(f"learner.mesh needs {size} devices, there are {jax.device_count()}")
-    return sharding.make_mesh(config.data, config.fsdp, config.tensor, devices=jax.devices()[:size])
+    """The learner's mesh over the first data * fsdp * expert * tensor devices (all of them when the config names
+    them all; ValueError when there are fewer)."""
+    if config.devices > jax.device_count():
+        raise ValueError(f"learner.mesh needs {config.devices} devices, there are {jax.device_count()}")
+    return sharding.make_mesh(config.data, config.fsdp, config.tensor, devices=jax.devices()[:config.devices],
+                              expert=config.expert)
 
 
 def decoder_options(spec: ModelSpec) -> dict[str, Any]:
@@ -69,6 +69,9 @@ def build_policy(spec: ModelSpec, task: Any, mesh: Mesh) -> tuple[Decoder, Any]:
         max_position_embeddings=init.max_position_embeddings,
         tie_word_embeddings=init.tie_word_embeddings,
         eos_token_id=tokenizer.eos_token_id,
+        **(dict(num_experts=init.num_experts, num_experts_per_tok=init.num_experts_per_tok,
+                moe_intermediate_size=init.moe_intermediate_size, norm_topk_prob=True)
+           if init.model_type == "qwen3_moe" else {}),
     )
     model = Decoder(config, rngs=nnx.Rngs(init.seed), **decoder_options(spec))
     graphdef, params = nnx.split(model)
@@ -84,13 +87,17 @@ def save_policy(graphdef: nnx.GraphDef, params: nnx.State, tokenizer: Any, direc
         save_hf_checkpoint(nnx.merge(graphdef, params), directory, tokenizer_dir=tokenizer_dir, overwrite=True)
 
 
-def eos_and_pad(tokenizer: Any) -> tuple[list[int], int]:
-    """The tokenizer's end-of-sequence ids and pad id (eos when it has no pad token)."""
+def eos_and_pad(tokenizer: Any, model_eos: Optional[int | tuple[int, ...]] = None) -> tuple[list[int], int]:
+    """The ids a response stops at, the tokenizer's eos first, then the model config's `eos_token_id` (one id or
+    several), and the pad id (eos when the tokenizer has no pad token). A chat model's config lists the token its
+    template ends a turn with where the tokenizer's eos is not it: Gemma 3's <end_of_turn> beside <eos>, Llama 3's
+    <|eot_id|> beside <|end_of_text|>."""
     eos = tokenizer.eos_token_id
     if eos is None:
         raise ValueError("the tokenizer has no eos token; the sampler could never stop a response")
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
-    return [eos], pad
+    listed = (model_eos,) if isinstance(model_eos, int) else tuple(model_eos or ())
+    return [eos, *(i for i in dict.fromkeys(listed) if i != eos)], pad
 
 
 def copy_params(params: nnx.State) -> nnx.State:

@@ -30,9 +30,11 @@ def _require(ok: bool, message: str) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class ModelInit:
-    """A randomly initialised decoder built in code (the quickstart and tests), with the task's tokenizer."""
+    """A randomly initialised decoder built in code (the quickstart and tests), with the task's tokenizer.
+    A "qwen3_moe" model has `num_experts` experts of width `moe_intermediate_size` in every layer, routing each
+    token to `num_experts_per_tok` of them (renormalised, as Qwen3-30B-A3B); the other types ignore these three."""
 
-    model_type: Literal["qwen3", "qwen2", "llama"] = "qwen3"
+    model_type: Literal["qwen3", "qwen2", "llama", "qwen3_moe"] = "qwen3"
     hidden_size: int = 64
     intermediate_size: int = 192
     num_layers: int = 2
@@ -41,14 +43,19 @@ class ModelInit:
     head_dim: int = 16
     max_position_embeddings: int = 256
     tie_word_embeddings: bool = True
+    num_experts: int = 4
+    num_experts_per_tok: int = 2
+    moe_intermediate_size: int = 64
     seed: int = 0
 
     def __post_init__(self):
         for name in ("hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
-                     "max_position_embeddings"):
+                     "max_position_embeddings", "num_experts", "num_experts_per_tok", "moe_intermediate_size"):
             _require(getattr(self, name) >= 1, f"{name} must be >= 1, got {getattr(self, name)}")
         _require(self.num_heads % self.num_kv_heads == 0,
                  f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
+        _require(self.num_experts_per_tok <= self.num_experts,
+                 f"num_experts_per_tok ({self.num_experts_per_tok}) must be at most num_experts ({self.num_experts})")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,19 +101,25 @@ class TaskSpec:
 
 @dataclasses.dataclass(frozen=True)
 class MeshConfig:
-    """The learner's device mesh (`sharding.make_mesh`): data x fsdp x tensor devices."""
+    """The learner's device mesh (`sharding.make_mesh`): data x fsdp x expert x tensor devices ("expert" shards a
+    mixture of experts' expert weights and splits the batch like "data"; `models.sharding`)."""
 
     data: int = 1
     fsdp: int = 1
     tensor: int = 1
+    expert: int = 1
 
     def __post_init__(self):
-        for name in ("data", "fsdp", "tensor"):
+        for name in ("data", "fsdp", "tensor", "expert"):
             _require(getattr(self, name) >= 1, f"{name} must be >= 1, got {getattr(self, name)}")
 
     @property
     def batch_shards(self) -> int:
-        return self.data * self.fsdp
+        return self.data * self.fsdp * self.expert
+
+    @property
+    def devices(self) -> int:
+        return self.batch_shards * self.tensor
 
 
 @dataclasses.dataclass(frozen=True)
@@ -199,7 +212,11 @@ class LearnerConfig:
 
     `forward_micro_batches`: the sequential micro-batches of the learner's passes without gradients over the whole
     step's rows (old and reference logprobs, the critic's old values; verl's log_prob_micro_batch_size); null
-    (default) is `micro_batches`, so with one mini-batch a forward micro-batch has the train step's rows."""
+    (default) is `micro_batches`, so with one mini-batch a forward micro-batch has the train step's rows.
+
+    `router_aux_loss_coef`: a mixture of experts' load-balancing loss, times this, added to the policy loss
+    (`train_step.make_train_step`); 0 (default) leaves the routers to the RL loss alone, as verl does (transformers
+    trains Qwen3-MoE with 0.001)."""
 
     epochs: int = 1
     mini_batches: int = 1
@@ -207,11 +224,13 @@ class LearnerConfig:
     forward_micro_batches: Optional[int] = None
     chunk_size: int = 256
     old_logprobs: Literal["recompute", "detached"] = "recompute"
+    router_aux_loss_coef: float = 0.0
     mesh: MeshConfig = MeshConfig()
 
     def __post_init__(self):
         for name in ("epochs", "mini_batches", "micro_batches", "chunk_size"):
             _require(getattr(self, name) >= 1, f"{name} must be >= 1, got {getattr(self, name)}")
+        _require(self.router_aux_loss_coef >= 0, f"router_aux_loss_coef must be >= 0, got {self.router_aux_loss_coef}")
         _require(self.forward_micro_batches is None or self.forward_micro_batches >= 1,
                  f"forward_micro_batches must be >= 1 or null, got {self.forward_micro_batches}")
         _require(self.old_logprobs == "recompute" or self.epochs == self.mini_batches == 1,
@@ -226,7 +245,7 @@ class LearnerConfig:
     @property
     def row_multiple(self) -> int:
         """The row counts a step's batch must be a multiple of: every mini-batch's micro-batches and every forward
-        micro-batch split evenly over the mesh's data * fsdp shards."""
+        micro-batch split evenly over the mesh's data * fsdp * expert shards."""
         return math.lcm(self.mini_batches * self.micro_batches, self.forward_splits) * self.mesh.batch_shards
 
 
@@ -612,7 +631,7 @@ class RLConfig:
                  f"the step's {rows} learner rows (rollout.prompts_per_step * rollout.group_size, and a second "
                  f"role's) must split evenly into learner.mini_batches ({learner.mini_batches}) x "
                  f"learner.micro_batches ({learner.micro_batches}) and into learner.forward_micro_batches "
-                 f"({learner.forward_splits}), each x the mesh's data * fsdp ({learner.mesh.batch_shards})")
+                 f"({learner.forward_splits}), each x the mesh's data * fsdp * expert ({learner.mesh.batch_shards})")
         gen_batch_prompts = self.algorithm_config_value("gen_batch_prompts")
         _require(gen_batch_prompts is None or gen_batch_prompts >= self.rollout.prompts_per_step,
                  f"algorithm.params.gen_batch_prompts ({gen_batch_prompts}) must be at least rollout.prompts_per_step "
@@ -671,7 +690,7 @@ class SFTConfig:
         _require(self.confidence_penalty >= 0, f"confidence_penalty must be >= 0, got {self.confidence_penalty}")
         _require(self.batch_size % (self.micro_batches * self.mesh.batch_shards) == 0,
                  f"batch_size ({self.batch_size}) must split evenly into micro_batches ({self.micro_batches}) "
-                 f"x the mesh's data * fsdp ({self.mesh.batch_shards})")
+                 f"x the mesh's data * fsdp * expert ({self.mesh.batch_shards})")
 
 
 QUICKSTART_SFT_STEPS = 800

@@ -22,5 +22,5 @@ def test_quick_run_reports_the_bytes_a_decode_step_reads():
     figures = json.loads(done.stdout.strip().splitlines()[-1])
     assert figures["read_ratio"] >= 1  # nothing reads less than it must
     assert figures["windowed_vs_whole"] < 1
-    assert figures["mesh"] == {"data": 2, "fsdp": 1, "tensor": 2}
+    assert figures["mesh"] == {"data": 2, "fsdp": 1, "expert": 1, "tensor": 2}
     assert figures["attended_slots"] < figures["cache_slots"] == 512 + 512

@@ -40,8 +40,13 @@ NUM_NEW = 12
 @functools.cache
 def _flat_model(directory: str) -> Decoder:
     model = load_hf_checkpoint(directory)
-    model.norm.scale[...] = model.norm.scale[...] * FLAT_SCALE
+    model.norm.scale[...] = flattened(model.norm.scale[...], model.config.gemma)
     return model
+
+
+def flattened(scale, gemma: bool):
+    """A final norm's scale with its output times FLAT_SCALE (Gemma's norm multiplies by 1 + scale)."""
+    return (1 + scale) * FLAT_SCALE - 1 if gemma else scale * FLAT_SCALE
 
 
 @pytest.fixture
@@ -95,7 +100,8 @@ def model_logprobs(model: Decoder, prompt, output_ids, temperature: float) -> np
 # ---------------------------------------------------------------- greedy and logprobs against references
 
 
-@pytest.mark.parametrize("fixture", ["tiny_qwen3_dir", "tiny_qwen2_dir", "tiny_llama_dir", "tiny_qwen3_moe_dir"])
+@pytest.mark.parametrize("fixture", ["tiny_qwen3_dir", "tiny_qwen2_dir", "tiny_llama_dir", "tiny_qwen3_moe_dir",
+                                     "tiny_gemma3_dir"])
 def test_greedy_equals_argmax_decoding_of_the_full_forward(request, fixture):
     model = _flat_model(str(request.getfixturevalue(fixture)))
     samples = EmbeddedEngine(model, eos_token_ids=()).generate(PROMPTS, greedy())
@@ -112,14 +118,15 @@ def test_greedy_equals_argmax_decoding_of_the_full_forward(request, fixture):
 
 
 @pytest.mark.parametrize("fixture", ["tiny_qwen3_dir", "tiny_qwen2_dir", "tiny_qwen2_untied_dir", "tiny_llama_dir",
-                                     "tiny_qwen3_moe_dir"])
+                                     "tiny_qwen3_moe_dir", "tiny_gemma3_dir"])
 def test_greedy_equals_transformers_generate(request, fixture):
-    """The KV-cache decode path of each family (Qwen2's q/k/v biases included) against transformers' own greedy
-    `generate` on the same (flattened) weights, one prompt at a time; both stop at the end-of-turn token."""
+    """The KV-cache decode path of each family (Qwen2's q/k/v biases, Gemma 3's sliding windows, shorter than the
+    longer prompts, included) against transformers' own greedy `generate` on the same (flattened) weights, one
+    prompt at a time; both stop at the end-of-turn token."""
     directory = str(request.getfixturevalue(fixture))
     hf = transformers.AutoModelForCausalLM.from_pretrained(directory, attn_implementation="eager").eval()
     with torch.no_grad():
-        hf.model.norm.weight.mul_(FLAT_SCALE)
+        hf.model.norm.weight.copy_(flattened(hf.model.norm.weight, hf.config.model_type == "gemma3_text"))
     samples = EmbeddedEngine(_flat_model(directory), eos_token_ids=(IM_END_ID,)).generate(PROMPTS, greedy())
     for prompt, sample in zip(PROMPTS, samples):
         with torch.no_grad():

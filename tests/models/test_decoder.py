@@ -24,13 +24,14 @@ from rubric_jax.models.decoder import (
     Decoder,
     causal_query_blocks,
     init_cache,
+    local_rope_inv_freq,
     rope_inv_freq,
 )
 from rubric_jax.models.safetensors_io import load_hf_checkpoint
 from tests.tiny_checkpoints import CHAT_TEMPLATE, VOCAB_SIZE
 
 MODEL_FIXTURES = ["tiny_qwen3_dir", "tiny_qwen3_untied_dir", "tiny_qwen2_dir", "tiny_qwen2_untied_dir",
-                  "tiny_llama_dir", "tiny_qwen3_moe_dir"]
+                  "tiny_llama_dir", "tiny_qwen3_moe_dir", "tiny_gemma3_dir"]
 # float32 on the CPU: the two implementations differ only in summation order; observed max |diff| ~2e-5 on
 # logits of magnitude up to ~60 (tied Qwen3), ~2e-6 on magnitude ~4.
 PARITY_TOL = dict(atol=1e-4, rtol=1e-4)
@@ -135,7 +136,13 @@ def test_causal_query_blocks_tile_the_sequence(length):
 
 
 def test_rope_frequencies_match_transformers(loaded):
-    np.testing.assert_allclose(rope_inv_freq(loaded.config), loaded.hf.model.rotary_emb.inv_freq.numpy(), rtol=1e-6)
+    rotary = loaded.hf.model.rotary_emb
+    if loaded.config.gemma:  # one set per layer type: global layers scaled linearly, local ones by their own theta
+        np.testing.assert_allclose(rope_inv_freq(loaded.config), rotary.full_attention_inv_freq.numpy(), rtol=1e-6)
+        np.testing.assert_allclose(local_rope_inv_freq(loaded.config), rotary.sliding_attention_inv_freq.numpy(),
+                                   rtol=1e-6)
+        return
+    np.testing.assert_allclose(rope_inv_freq(loaded.config), rotary.inv_freq.numpy(), rtol=1e-6)
 
 
 def test_llama3_scaling_changes_low_and_medium_frequencies(tiny_llama_dir):

@@ -28,7 +28,7 @@ from rubric_jax.models.safetensors_io import hf_name_table, load_hf_checkpoint, 
 from rubric_jax.models.sharding import make_mesh, param_partition_spec, partition_rules
 
 MODEL_FIXTURES = ["tiny_qwen3_dir", "tiny_qwen3_untied_dir", "tiny_qwen2_dir", "tiny_qwen2_untied_dir",
-                  "tiny_llama_dir", "tiny_qwen3_moe_dir"]
+                  "tiny_llama_dir", "tiny_qwen3_moe_dir", "tiny_gemma3_dir"]
 TOKENS = np.array([[5, 17, 250, 3, 99, 300, 7, 64], [1, 2, 3, 4, 5, 6, 7, 8]])
 # Per-parameter bytes of the fixtures run from 64 (a q_norm scale in float32) to 80 KiB (the embedding): 16 KiB
 # shards give several files, some holding many small tensors, the embedding one of its own.

@@ -20,10 +20,17 @@ from rubric_jax.models.config import ModelConfig
 from rubric_jax.models.decoder import Decoder
 from rubric_jax.models.logprobs import sequence_logprobs
 
-MODEL_FIXTURES = ["tiny_qwen3_dir", "tiny_qwen3_untied_dir", "tiny_qwen2_dir", "tiny_llama_dir"]
-# (data, fsdp, tensor). Tiny models: hidden 64, 4 query / 2 KV heads of 16, MLP 128, vocab 320. tensor=4
-# splits query heads, the MLP and the vocabulary, but not the 2 KV heads, which fall back to replicated.
-MESHES = {"fsdp": (1, 8, 1), "tensor": (2, 1, 4), "mixed": (2, 2, 2)}
+MODEL_FIXTURES = ["tiny_qwen3_dir", "tiny_qwen3_untied_dir", "tiny_qwen2_dir", "tiny_llama_dir", "tiny_qwen3_moe_dir",
+                  "tiny_gemma3_dir"]
+# (data, fsdp, expert, tensor). Tiny models: hidden 64, 4 query / 2 KV heads of 16, MLP 128, vocab 320. tensor=4
+# splits query heads, the MLP and the vocabulary, but not the 2 KV heads, which fall back to replicated. "expert"
+# splits the tiny Qwen3-MoE's 4 experts in two and the batch like "data".
+MESHES = {"fsdp": (1, 8, 1, 1), "tensor": (2, 1, 1, 4), "mixed": (2, 2, 1, 2), "expert": (1, 2, 2, 2)}
+
+
+def mesh_of(shape: tuple[int, int, int, int]):
+    data, fsdp, expert, tensor = shape
+    return sharding.make_mesh(data, fsdp, tensor, devices=jax.devices()[: int(np.prod(shape))], expert=expert)
 # float32 on the CPU: a sharded computation differs from the unsharded one only in summation order.
 TOL = dict(atol=2e-5, rtol=2e-5)
 LEARNING_RATE = 0.1  # SGD: the update is linear in the gradient, so parameters compare as tightly as gradients
@@ -62,6 +69,21 @@ def test_partition_specs_are_what_the_rules_say(tiny_qwen3_untied_dir):
         assert sharding.param_partition_spec(path, shapes[path], rules, {"data": 1, "fsdp": 2, "tensor": 4}) == spec
 
 
+def test_experts_split_over_the_expert_axis_and_the_router_does_not(tiny_qwen3_moe_dir):
+    rules = sharding.partition_rules(ModelConfig.from_pretrained(tiny_qwen3_moe_dir))
+    params = nnx.state(abstract_decoder(tiny_qwen3_moe_dir))
+    shardings = sharding.param_shardings(params, mesh_of(MESHES["expert"]), rules)
+    specs = {path: s.spec for path, s in flat_params(shardings).items()}
+    assert specs["layers.0.mlp.experts.gate_edf"] == specs["layers.0.mlp.experts.up_edf"] == \
+        P("expert", "fsdp", "tensor")
+    assert specs["layers.0.mlp.experts.down_efd"] == P("expert", "tensor", "fsdp")
+    assert specs["layers.0.mlp.gate.kernel"] == P("fsdp", None)
+    assert specs["layers.1.mlp.gate_proj.kernel"] == P("fsdp", "tensor")  # the dense layer: replicated over expert
+    # 4 experts do not split 8 ways: that dimension falls back to replicated, the others keep their axes.
+    assert sharding.param_partition_spec("layers.0.mlp.experts.gate_edf", (4, 64, 32), rules,
+                                         {"data": 1, "fsdp": 2, "expert": 8, "tensor": 2}) == P(None, "fsdp", "tensor")
+
+
 def test_qwen2_biases_split_like_their_kernels_output_heads(tiny_qwen2_dir):
     rules = sharding.partition_rules(ModelConfig.from_pretrained(tiny_qwen2_dir))
     params = nnx.state(abstract_decoder(tiny_qwen2_dir))
@@ -94,6 +116,9 @@ def test_non_divisible_dimensions_fall_back_to_replicated():
     assert spec("layers.3.mlp.down_proj.kernel", (128, 64), rules) == P("tensor", "fsdp")
     # A batch of 6 rows splits over data (2) but not over data x fsdp (8): the dividing prefix is kept.
     assert sharding.logical_to_mesh(("batch", "seq", "embed"), (6, 16, 64), sizes) == P("data", None, None)
+    # The batch splits over "expert" too, after data and fsdp.
+    assert sharding.logical_to_mesh(("batch", "seq", "embed"), (8, 16, 64), {**sizes, "fsdp": 2, "expert": 2}) == \
+        P(("data", "fsdp", "expert"), None, None)
     assert sharding.logical_to_mesh(("batch", "seq", "vocab"), (8, 16, 321), sizes) == P(("data", "fsdp"), None, None)
     # Heads are the unit of the attention projections: 3 heads of 16 do not split over tensor=2 although 48 does.
     head_rules = sharding.partition_rules(ModelConfig("qwen3", 320, 64, 128, 1, 3, 3, 16, 128))
@@ -121,7 +146,8 @@ def test_shard_activations_is_a_no_op_outside_a_mesh_and_a_constraint_inside():
 
 
 def test_make_mesh_checks_the_device_count():
-    assert dict(sharding.make_mesh(2, 1, 4).shape) == {"data": 2, "fsdp": 1, "tensor": 4}
+    assert dict(sharding.make_mesh(2, 1, 4).shape) == {"data": 2, "fsdp": 1, "expert": 1, "tensor": 4}
+    assert dict(sharding.make_mesh(1, 2, 2, expert=2).shape) == {"data": 1, "fsdp": 2, "expert": 2, "tensor": 2}
     with pytest.raises(ValueError, match="needs 4 devices"):
         sharding.make_mesh(1, 2, 2)
 
@@ -142,12 +168,12 @@ def policy_batch(vocab_size: int, rows=8, length=16, prompt=5) -> dict[str, np.n
 
 
 @functools.cache
-def run_learner(directory: str, mesh_shape: tuple[int, int, int]):
+def run_learner(directory: str, mesh_shape: tuple[int, int, int, int]):
     """(logp, entropy) of a sharded forward and (metrics, params) after one sharded SGD step with PPO clip."""
     model = Decoder(ModelConfig.from_pretrained(directory), rngs=nnx.Rngs(0),
                     shard_activations=sharding.shard_activations)
     rules = sharding.partition_rules(model.config)
-    mesh = sharding.make_mesh(*mesh_shape, devices=jax.devices()[: int(np.prod(mesh_shape))])
+    mesh = mesh_of(mesh_shape)
     batch = policy_batch(model.config.vocab_size)
     optimizer = optax.sgd(LEARNING_RATE)
     graphdef, params, opt_state = train_step.init_train_state(model, optimizer, mesh, rules)
@@ -171,13 +197,15 @@ def run_learner(directory: str, mesh_shape: tuple[int, int, int]):
 
 
 # Qwen2 on the mixed mesh: its q/k/v biases split over "tensor" with their heads, and their gradients too. Qwen3-MoE
-# on it: the experts' stacked weights split like the dense MLP's, their grouped matmuls partitioned by XLA.
-@pytest.mark.parametrize("fixture, mesh_name", [*(("tiny_qwen3_untied_dir", name) for name in MESHES),
-                                                ("tiny_qwen2_dir", "mixed"), ("tiny_qwen3_moe_dir", "mixed")])
+# on the expert mesh: the experts' stacked weights split over "expert" and like the dense MLP's, their grouped
+# matmuls partitioned by XLA.
+@pytest.mark.parametrize("fixture, mesh_name", [("tiny_qwen3_untied_dir", "fsdp"), ("tiny_qwen3_untied_dir", "tensor"),
+                                                ("tiny_qwen3_untied_dir", "mixed"), ("tiny_qwen2_dir", "mixed"),
+                                                ("tiny_qwen3_moe_dir", "expert"), ("tiny_gemma3_dir", "mixed")])
 def test_sharded_forward_and_train_step_equal_unsharded(fixture, mesh_name, request):
     directory = str(request.getfixturevalue(fixture))
     logprobs, metrics, params = run_learner(directory, MESHES[mesh_name])
-    ref_logprobs, ref_metrics, ref_params = run_learner(directory, (1, 1, 1))
+    ref_logprobs, ref_metrics, ref_params = run_learner(directory, (1, 1, 1, 1))
     for value, ref_value in zip(logprobs, ref_logprobs):
         np.testing.assert_allclose(value, ref_value, **TOL)
     assert metrics.keys() == ref_metrics.keys() == {"loss", "grad_norm", "entropy", "clip_fraction"}

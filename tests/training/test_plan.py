@@ -80,11 +80,38 @@ def test_argument_bytes_follow_the_partition_rules(tmp_path, model, topology, me
     overrides = ["model.attention=xla", *(f"learner.mesh.{axis}={size}" for axis, size in mesh.items())]
     config = load_config(RLConfig, _config_file(tmp_path, model), overrides)
     result = plan.plan_learner(config, model, topology, prompt_tokens=PROMPT)
-    assert result.chips == 4 and result.mesh == mesh
+    assert result.chips == 4 and result.mesh == {"expert": 1, **mesh}
     assert result.train.argument_bytes == _expected_argument_bytes(model, **mesh)
     assert result.fits and result.attention == "xla"
     assert result.train.flops > 0 and 0 < result.mfu_ceiling <= 1
     assert result.step_flops >= result.model_flops == 6 * result.parameters * ROWS * (PROMPT + RESPONSE)
+
+
+# 8 experts of width 256, 2 per token: a mixture of experts' model FLOPs count its active parameters.
+TINY_MOE = dataclasses.replace(TINY, model_type="qwen3_moe", num_experts=8, num_experts_per_tok=2,
+                               moe_intermediate_size=256, norm_topk_prob=True)
+
+
+def test_a_mixture_of_experts_splits_its_experts_over_the_expert_axis_and_counts_its_active_parameters(tmp_path):
+    """On v5e:2x2 with fsdp 2: an expert axis of 2 (instead of data 2) halves each chip's share of the experts'
+    parameters and moments, and nothing else; the model's FLOPs are 6 N_active tokens, with 2 of 8 experts."""
+    experts = 3 * 8 * WIDTH * 256
+    plans = {}
+    for axis in ("data", "expert"):
+        config = load_config(RLConfig, _config_file(tmp_path / axis, TINY_MOE),
+                             ["model.attention=xla", "learner.mesh.fsdp=2", f"learner.mesh.{axis}=2",
+                              "learner.router_aux_loss_coef=0.001"])
+        plans[axis] = plan.plan_learner(config, TINY_MOE, "v5e:2x2", prompt_tokens=PROMPT)
+    data, expert = plans["data"], plans["expert"]
+    assert expert.mesh == {"data": 1, "fsdp": 2, "expert": 2, "tensor": 1}
+    assert data.parameters == expert.parameters and data.active_parameters == expert.active_parameters
+    assert expert.parameters - expert.active_parameters == experts * 6 // 8
+    assert expert.model_flops == 6 * expert.active_parameters * ROWS * (PROMPT + RESPONSE)
+    experts_bytes_per_chip = 4 * experts // 2  # the experts' D over fsdp 2
+    assert data.state_bytes["policy"] - expert.state_bytes["policy"] == experts_bytes_per_chip // 2
+    assert data.state_bytes["optimizer"] - expert.state_bytes["optimizer"] == experts_bytes_per_chip
+    assert "B active per token" in expert.report() and "6 N_active tokens" in expert.report()
+    assert expert.fits
 
 
 def test_scanned_layers_and_bfloat16_activations_keep_the_arguments_and_shrink_the_temporaries(tmp_path):
@@ -153,7 +180,7 @@ def test_rollouts_are_planned_in_the_decode_layout_and_read_the_cache_in_use(tmp
 
     config = load_config(RLConfig, _config_file(tmp_path), ["learner.mesh.fsdp=4", "rollout.max_new_tokens=1920"])
     rollouts = rollout_plan.plan_rollouts(config, TINY, "v5e:2x2", prompt_tokens=PROMPT)
-    assert rollouts.mesh == dict(data=2, fsdp=1, tensor=2)
+    assert rollouts.mesh == dict(data=2, fsdp=1, expert=1, tensor=2)
     assert (rollouts.slots, rollouts.cache_slots, rollouts.attended_slots) == (ROWS, 2176, 1224)
     assert rollouts.weight_bytes == 4 * _expected_parameters_per_chip(TINY, fsdp=1, tensor=2)
     kv_bytes_per_slot = LAYERS * 2 * (ROWS // 2) * (KV_HEADS // 2) * HEAD * 4  # keys and values, float32

@@ -346,6 +346,37 @@ def test_a_qwen3_moe_policy_takes_rl_steps_on_the_embedded_engine_and_exports_it
     assert type(hf).__name__ == "Qwen3MoeForCausalLM"
 
 
+def test_a_multimodal_gemma3_checkpoints_language_model_takes_rl_steps_and_exports_a_text_model(
+        tmp_path, tiny_gemma3_multimodal_dir):
+    """Gemma 3 as most users have it on disk (a multimodal checkpoint): two RL steps sampled by the embedded engine
+    with Gemma's chat template, the learner's logprobs those of the engine, and a model/ that transformers loads
+    as Gemma3ForCausalLM."""
+    config = tiny_rl_config(tmp_path, steps=2, model=ModelSpec(path=str(tiny_gemma3_multimodal_dir)))
+    train_rl(config, toy_task())
+    for line in read_metrics(tmp_path / "run" / "metrics.jsonl"):
+        assert all(math.isfinite(value) for value in line.values())
+        assert line["train/grad_norm"] > 0 and line["mismatch/max_abs"] < 1e-4
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "model")
+    assert type(hf).__name__ == "Gemma3ForCausalLM"
+    assert load_tokenizer(tmp_path / "run" / "model").chat_template == \
+        load_tokenizer(tiny_gemma3_multimodal_dir).chat_template
+
+
+def test_a_random_qwen3_moe_policy_scans_its_layers_and_trains_its_routers_to_balance(tmp_path):
+    """`ModelInit(model_type="qwen3_moe")`: every layer sparse, so the learner scans them; with
+    `learner.router_aux_loss_coef` the step logs the routers' balance (4 experts, 2 per token: about 2)."""
+    init = dataclasses.replace(TINY, model_type="qwen3_moe", num_layers=2, num_experts=4, num_experts_per_tok=2,
+                               moe_intermediate_size=16)
+    config = tiny_rl_config(tmp_path, model=ModelSpec(init=init, scan_layers=True),
+                            learner=LearnerConfig(router_aux_loss_coef=0.01))
+    train_rl(config, toy_task())
+    (line,) = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert line["train/grad_norm"] > 0 and line["mismatch/max_abs"] < 1e-4
+    assert 1.5 < line["train/router_balance"] < 4
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "model")
+    assert type(hf).__name__ == "Qwen3MoeForCausalLM" and hf.config.num_experts == 4
+
+
 def test_rollout_prompt_cap_and_frozen_server_are_validated(tmp_path):
     with pytest.raises(ValueError, match="max_prompt_tokens must be None"):
         RolloutConfig(max_prompt_tokens=0)

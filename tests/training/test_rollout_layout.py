@@ -62,7 +62,7 @@ def test_the_decode_layout_splits_the_weights_within_the_process_and_samples_as_
     graphdef, params, placed = learner_params()
     model = policy.rollout_model(graphdef, placed, "embedded")
     kernel = model.layers[0].mlp.up_proj.kernel[...]
-    assert dict(kernel.sharding.mesh.shape) == dict(data=2, fsdp=1, tensor=4)  # 4 key/value heads
+    assert dict(kernel.sharding.mesh.shape) == dict(data=2, fsdp=1, expert=1, tensor=4)  # 4 key/value heads
     assert kernel.sharding.spec == jax.sharding.PartitionSpec("fsdp", "tensor")
     assert kernel.addressable_shards[0].data.shape == (64, 128 // 4)
     one_device = nnx.merge(graphdef, policy.copy_params(params))
@@ -105,7 +105,7 @@ def test_in_two_processes_each_samples_its_share_on_its_own_devices_as_one_devic
     one_device = EmbeddedEngine(nnx.merge(graphdef, params), eos_token_ids=(), decode_slots=8)
     for process in range(2):
         result = json.loads((tmp_path / f"samples_{process}.json").read_text())
-        assert result["layout"] == {"mesh": dict(data=2, fsdp=1, tensor=2), "devices": 4, "local": True}
+        assert result["layout"] == {"mesh": dict(data=2, fsdp=1, expert=1, tensor=2), "devices": 4, "local": True}
         expected = one_device.generate(PROMPTS[process::2], PARAMS)
         got = [dataclasses.replace(sample, output_ids=tuple(ids), logprobs=tuple(logprobs))
                for sample, (_, ids, logprobs) in zip(expected, result["samples"])]
