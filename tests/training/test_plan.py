@@ -114,6 +114,16 @@ def test_a_mixture_of_experts_splits_its_experts_over_the_expert_axis_and_counts
     assert expert.fits
 
 
+def test_a_gemma3_model_is_planned_with_the_attention_it_runs(tmp_path):
+    """`model.attention: auto` would pick splash on a TPU; Gemma 3's sliding-window layers attend by XLA, and the
+    plan compiles and reports what the run would run."""
+    gemma = dataclasses.replace(TINY, model_type="gemma3_text", layer_types=("sliding_attention",),
+                                sliding_window=64, query_pre_attn_scalar=HEAD, tie_word_embeddings=True)
+    config = load_config(RLConfig, _config_file(tmp_path, gemma), ["learner.mesh.fsdp=4"])
+    result = plan.plan_learner(config, gemma, "v5e:2x2", prompt_tokens=PROMPT)
+    assert result.attention == "xla" and "attention xla" in result.report() and result.fits
+
+
 def test_scanned_layers_and_bfloat16_activations_keep_the_arguments_and_shrink_the_temporaries(tmp_path):
     """`model.scan_layers` with `model.compute_dtype=bfloat16` changes no argument (the parameters keep their
     per-layer arrays and float32), and the report says so; XLA's FLOP count, which counts the layer loop's body
