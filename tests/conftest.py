@@ -35,11 +35,12 @@ from tests.tiny_checkpoints import (  # noqa: E402,F401
 
 
 # The longest files (minutes each on a 2-core machine), collected first: the README's test command hands whole files
-# to two workers in collection order (pytest-xdist's loadfile), and a long file handed out last leaves one worker
-# idle while the other finishes it.
-LONGEST_FILES = ("tests/test_quickstart.py", "tests/training/test_plan.py", "tests/training/test_resume.py",
-                 "tests/training/test_dataset_runs.py", "tests/test_extending.py", "tests/algorithms/test_evorubric.py",
-                 "tests/models/test_train_step.py", "tests/training/test_critic.py", "tests/training/test_overlap.py")
+# to two workers in collection order (pytest-xdist's loadfile, with its reordering by test count off in pytest.ini),
+# and a long file handed out last leaves one worker idle while the other finishes it.
+LONGEST_FILES = ("tests/test_quickstart.py", "tests/experiments/test_comparison.py", "tests/training/test_plan.py",
+                 "tests/training/test_resume.py", "tests/training/test_dataset_runs.py", "tests/test_extending.py",
+                 "tests/algorithms/test_evorubric.py", "tests/models/test_train_step.py", "tests/training/test_critic.py",
+                 "tests/training/test_overlap.py")
 
 
 def pytest_collection_modifyitems(session, config, items):

@@ -256,9 +256,10 @@ def causal_query_blocks(length: int) -> list[tuple[int, int]]:
 class Attention(nnx.Module):
     """Grouped-query self-attention with RoPE; Qwen3 and Gemma 3 add RMSNorm on each query and key head before
     RoPE, and the projections' biases are the config's (`qkv_bias`: Qwen2 always, `o_proj_bias`). The biases are
-    added before the norm and RoPE, as in transformers. Scores are scaled by `config.attention_scale`. `implementation` (`models.attention`) picks the full-sequence kernel;
-    a cached one-token step (decoding) is XLA's over the attended slots, or the ragged Pallas kernel
-    (`ragged_decode`) when the implementation is "splash" (`attention.resolve_decode`)."""
+    added before the norm and RoPE, as in transformers. Scores are scaled by `config.attention_scale`.
+    `implementation` (`models.attention`) picks the full-sequence kernel; a cached one-token step (decoding) is
+    XLA's over the attended slots, or the ragged Pallas kernel (`ragged_decode`) when the implementation is
+    "splash" (`attention.resolve_decode`). A model with sliding-window layers attends by XLA only."""
 
     def __init__(self, config: ModelConfig, *, dtype, param_dtype, rngs: nnx.Rngs, implementation: str = "auto"):
         width, head_dim, qkv_bias = config.hidden_size, config.head_dim, config.qkv_bias

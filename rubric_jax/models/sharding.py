@@ -129,7 +129,8 @@ def decode_mesh(devices: Sequence[jax.Device], num_kv_heads: int, tensor: int | 
     tensor) mesh with fsdp and expert 1, "tensor" within a process, `tensor` devices wide (None: the most that
     divide both a process's devices and the key/value heads, so a head is never split), "data" across the rest.
     Decoding reads every weight once per step, so splitting the weights over a host's chips divides each chip's
-    reads; rows split over "data". ValueError when `tensor` does not divide a process's devices or the key/value heads."""
+    reads; rows split over "data". ValueError when `tensor` does not divide a process's devices or the key/value
+    heads."""
     devices = sorted(devices, key=lambda device: (device.process_index, device.id))
     per_process = sum(device.process_index == devices[0].process_index for device in devices)
     if tensor is None:

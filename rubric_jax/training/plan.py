@@ -21,8 +21,8 @@ Conventions:
   loop body once). The model's FLOPs are 6 * N * tokens (forward and backward, attention not counted), N the
   parameters a token passes through: all of a dense model's, and a mixture of experts' with only
   num_experts_per_tok of its experts (its active parameters). The step's FLOPs are the larger of the two (XLA's
-  count misses the splash kernel and counts the logits' chunk loop once); the step time's lower bound is those at the chips' peak bf16 rate, the MFU ceiling
-  the model's FLOPs over them (what remat and attention add lowers it).
+  count misses the splash kernel and counts the logits' chunk loop once); the step time's lower bound is those at
+  the chips' peak bf16 rate, the MFU ceiling the model's FLOPs over them (what remat and attention add lowers it).
 """
 
 import dataclasses
