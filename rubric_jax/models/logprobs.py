@@ -159,8 +159,6 @@ def sequence_logprobs(
     logits computed). With prompts left-padded to a common width P and responses after them, first_scored = P
     computes the unembedding for the response region only, the same results on every response token.
     """
-    if not 1 <= first_scored <= tokens_bt.shape[1]:
-        raise ValueError(f"first_scored must be in [1, T = {tokens_bt.shape[1]}], got {first_scored}")
     hidden_btd, _ = model(tokens_bt, positions_bt, attention_mask_bt)
     return hidden_logprobs(model, hidden_btd, tokens_bt, response_mask_bt, chunk_size=chunk_size,
                            temperature=temperature, first_scored=first_scored)
