@@ -389,7 +389,7 @@ def _learner(config: RLConfig, model_config: ModelConfig, topology: str, prompt_
                            **common),
             ("critic",), _abstract_batch(rows, length, train_step.POLICY_INPUTS, mesh))
     with jax.set_mesh(mesh):
-        # The layers' own choice: a model with sliding-window layers (Gemma 3) attends by XLA whatever is asked.
+        # The layers' own choice: a model with sliding-window layers (Gemma 3) resolves "auto" to XLA.
         kernel = attention.resolve(abstract_model.layers[0].self_attn.implementation, length,
                                    head_width=model_config.head_dim, dtype=abstract_model.dtype)
     return _Learner(config=config, topology=topology, chip=chip, mesh=mesh, parameters=_count(abstract_params),
